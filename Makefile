@@ -1,0 +1,50 @@
+# gpufleet.sglang: every target sets itself up (virtualenv, apt packages).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export CONTAINERS_CONF := $(CURDIR)/molecule/containers.conf
+
+.PHONY: help setup sysdeps demo demo-clean test unit integration lint sanity molecule image bench build clean
+
+help:
+	@echo "make demo        redeploy the incident's server on an embedded simulated 8xH200 node"
+	@echo "make demo-clean  stop what the demo started (by PID) and remove .demo/"
+	@echo "make test        the whole suite: unit, integration, lint, sanity, molecule"
+	@echo "make bench       teardown and fleet benchmarks (prints ratios)"
+	@echo "make build       ansible-galaxy collection build"
+
+setup:
+	@scripts/setup-venv.sh
+
+sysdeps:
+	@scripts/install-system-deps.sh
+
+demo: setup
+	@scripts/demo.sh
+
+demo-clean:
+	@scripts/demo.sh --clean
+
+test: setup sysdeps
+	@$(VENV)/bin/python scripts/run-tests.py
+
+unit integration lint sanity: setup
+	@$(VENV)/bin/python scripts/run-tests.py $@
+
+molecule: setup sysdeps
+	@$(VENV)/bin/python scripts/run-tests.py molecule-default molecule-faults molecule-multinode
+
+image: sysdeps
+	@scripts/build-image.sh
+
+bench: setup
+	@$(VENV)/bin/python bench/run.py
+
+build: setup
+	@mkdir -p .cache/build && ansible-galaxy collection build --force --output-path .cache/build .
+
+clean: demo-clean
+	rm -rf .cache tests/output

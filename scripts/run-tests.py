@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Run the test stages of `make test` and summarise them.
+
+Each stage writes its full output to tests/output/<stage>.log and prints one
+summary line. pytest stages count their test cases (from JUnit XML); the other
+stages (lint, sanity, molecule scenarios, ...) count as one check each, or as
+the number of checks they report. The last line is the plain
+``N passed, M failed`` that CI reads.
+
+Usage: scripts/run-tests.py [STAGE ...]   (default: every stage)
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+OUT = REPO / "tests" / "output"
+VENV_BIN = REPO / ".venv" / "bin"
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(REPO / ".collections")
+    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    return env
+
+
+def _pytest(name: str, args: list[str]) -> list[str]:
+    return [str(VENV_BIN / "python"), "-m", "pytest", f"--junitxml={OUT / (name + '.xml')}", *args]
+
+
+# name -> (argv, kind). kind "pytest" counts JUnit cases; "check" counts 1.
+STAGES: dict[str, tuple[list[str], str]] = {
+    "unit": (_pytest("unit", [
+        "tests/unit",
+        "--cov=ansible_collections.gpufleet.sglang.plugins",
+        "--cov-report=term-missing:skip-covered",
+        "--cov-fail-under=85",
+    ]), "pytest"),
+    "integration": (_pytest("integration", ["tests/integration"]), "pytest"),
+    "gpu-kit": (_pytest("gpu-kit", ["tests/gpu", "-m", "gpu or not gpu"]), "pytest"),
+    "lint": ([str(VENV_BIN / "ansible-lint"), "--profile", "production"], "check"),
+    "sanity": (["bash", "scripts/sanity.sh"], "check"),
+    "molecule-default": (["bash", "scripts/run-molecule.sh", "default"], "check"),
+    "molecule-faults": (["bash", "scripts/run-molecule.sh", "faults"], "check"),
+    "molecule-multinode": (["bash", "scripts/run-molecule.sh", "multinode"], "check"),
+}
+
+
+def _count_junit(path: pathlib.Path) -> tuple[int, int, int]:
+    """Return (passed, failed, skipped) from a JUnit XML file."""
+    if not path.exists():
+        return 0, 0, 0
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    total = failed = skipped = 0
+    for suite in suites:
+        total += int(suite.get("tests", 0))
+        failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        skipped += int(suite.get("skipped", 0))
+    return total - failed - skipped, failed, skipped
+
+
+def run_stage(name: str) -> tuple[int, int, int]:
+    argv, kind = STAGES[name]
+    OUT.mkdir(parents=True, exist_ok=True)
+    log = OUT / f"{name}.log"
+    junit = OUT / f"{name}.xml"
+    if junit.exists():
+        junit.unlink()
+    start = time.monotonic()
+    with log.open("w") as fh:
+        proc = subprocess.run(argv, cwd=REPO, env=_env(), stdout=fh, stderr=subprocess.STDOUT, check=False)
+    elapsed = time.monotonic() - start
+    if kind == "pytest":
+        passed, failed, skipped = _count_junit(junit)
+        if proc.returncode not in (0, 5) and failed == 0:
+            failed = 1  # the run failed outside any test (collection error, coverage floor)
+    else:
+        passed, failed, skipped = (1, 0, 0) if proc.returncode == 0 else (0, 1, 0)
+    status = "ok" if failed == 0 and proc.returncode in (0, 5) else "FAILED"
+    extra = f", {skipped} skipped" if skipped else ""
+    print(f"[{status:>6}] {name:<20} {passed} passed, {failed} failed{extra} ({elapsed:.1f} s; log {log.relative_to(REPO)})",
+          flush=True)
+    if status != "ok":
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        print("         last lines of the log:")
+        for line in tail:
+            print(f"         | {line}")
+    return passed, failed, skipped
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(STAGES)
+    unknown = [n for n in names if n not in STAGES]
+    if unknown:
+        print(f"unknown stage(s) {unknown}; known: {', '.join(STAGES)}", file=sys.stderr)
+        return 2
+    total_p = total_f = 0
+    start = time.monotonic()
+    for name in names:
+        p, f, _ = run_stage(name)
+        total_p += p
+        total_f += f
+    print(f"all stages took {time.monotonic() - start:.0f} s")
+    print(f"{total_p} passed, {total_f} failed")
+    return 1 if total_f else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
