@@ -1,0 +1,444 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Process helpers for running an SGLang server as a supervised, detached
+process: spawn, liveness, stop by PID with escalation, the per-server state
+file, and secret masking for anything that is echoed back (argv, logs,
+``/server_info``).
+
+Why a fork here instead of ``module.run_command``: ``run_command`` waits for
+the command to finish and collects its output, so it cannot start a server
+that must outlive the module. ``spawn_detached`` is the one place in the
+collection that starts a long-lived process; it uses ``os.fork`` +
+``os.setsid`` + ``os.execvpe`` (no shell, an argv list), gives the server its
+own session (so it is not killed with Ansible's process group and the server's
+whole tree can be found again by session id), sends stdout+stderr to the log
+file and stdin to ``/dev/null``, and closes every other descriptor, so the
+Ansible connection's pipes never stay open in the daemon.
+
+Everything that reads ``/proc`` goes through ``procfs`` (the shared helper).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import signal
+import tempfile
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
+
+MASK = procfs.MASK
+
+# Name components that make a key secret: api_key, admin_api_key, hf_token,
+# ssl_password, ... but not speculative_num_draft_tokens or tokenizer_path.
+_SECRET_COMPONENTS = frozenset(("key", "apikey", "token", "secret", "password", "passwd", "passphrase", "credential", "credentials"))
+# key = 'value' / "key": "value" / key="value" where key looks secret.
+_SECRET_ASSIGN_RE = re.compile(
+    r"""(?P<pre>(?P<q0>["']?)(?P<name>[A-Za-z0-9_.-]*(?:key|token|secret|password|passwd))(?P=q0)\s*[:=]\s*)"""
+    r"""(?P<q>["'])(?P<val>(?:(?!(?P=q)).)*)(?P=q)""",
+    re.IGNORECASE,
+)
+# --api-key VALUE / --api-key=VALUE and friends on a command line.
+_SECRET_FLAG_RE = re.compile(
+    r"(?P<flag>--[A-Za-z0-9-]*(?:api-key|token|secret|password))(?P<sep>[ =])(?P<val>\S+)",
+    re.IGNORECASE,
+)
+
+
+class SpawnError(Exception):
+    """The server could not be started (exec failed, log not writable, ...)."""
+
+
+# --------------------------------------------------------------------------
+# Secrets
+# --------------------------------------------------------------------------
+
+def is_secret_name(name):
+    """True when a field name denotes a secret (see module docs for the rule)."""
+    parts = re.split(r"[^a-z0-9]+", str(name).lower())
+    return any(p in _SECRET_COMPONENTS for p in parts)
+
+
+def mask_text(text, secrets=()):
+    """Mask secret values in free text: the literal values in ``secrets``,
+    ``key='value'``/``"key": "value"`` assignments whose key looks secret (the
+    ``server_args=`` line SGLang logs), and ``--api-key VALUE`` on argv."""
+    if text is None:
+        return text
+    out = str(text)
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        out = out.replace(secret, MASK)
+
+    def _assign(match):
+        if not is_secret_name(match.group("name")) or match.group("val") in ("", MASK):
+            return match.group(0)
+        return "%s%s%s%s" % (match.group("pre"), match.group("q"), MASK, match.group("q"))
+
+    out = _SECRET_ASSIGN_RE.sub(_assign, out)
+
+    def _flag(match):
+        if match.group("val") == MASK:
+            return match.group(0)
+        return "%s%s%s" % (match.group("flag"), match.group("sep"), MASK)
+
+    return _SECRET_FLAG_RE.sub(_flag, out)
+
+
+def mask_argv(argv, secrets=()):
+    """Copy of ``argv`` with the values of ``--api-key``/``--admin-api-key``
+    (``procfs.mask_secrets``) and any secret literal masked."""
+    return [mask_text(token, secrets) for token in procfs.mask_secrets([str(t) for t in argv])]
+
+
+def redact(obj, secrets=()):
+    """Deep copy of ``obj`` with secret-named keys set to ``********`` (when
+    they hold a value) and secret literals masked inside every string."""
+    if isinstance(obj, dict):
+        res = {}
+        for key, value in obj.items():
+            if is_secret_name(key) and value not in (None, "", False):
+                res[key] = MASK
+            else:
+                res[key] = redact(value, secrets)
+        return res
+    if isinstance(obj, (list, tuple)):
+        return [redact(v, secrets) for v in obj]
+    if isinstance(obj, str):
+        return mask_text(obj, secrets)
+    return obj
+
+
+# --------------------------------------------------------------------------
+# State file
+# --------------------------------------------------------------------------
+
+def fingerprint(argv_flags, config_text=None, env=None, chdir=None):
+    """Stable hash of what makes a launch different: the SGLang flags, the
+    config file content, the extra environment and the working directory."""
+    blob = json.dumps(
+        {"argv": [str(a) for a in argv_flags], "config": config_text or "", "env": env or {}, "chdir": chdir or ""},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def state_path_for(pid_file):
+    """The state JSON sits next to the pid file: ``server.pid`` -> ``server.state.json``."""
+    base, ext = os.path.splitext(pid_file)
+    if ext != ".pid":
+        base = pid_file
+    return base + ".state.json"
+
+
+def write_private(path, text, mode=0o600):
+    """Write ``text`` to ``path`` atomically with ``mode`` (the file never
+    exists with wider permissions, not even for a moment)."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".%s." % os.path.basename(path))
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_state(path):
+    """Parsed state JSON, or None when missing or unreadable."""
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_state(path, data):
+    write_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_pid_file(path):
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            text = fh.read().strip()
+    except OSError:
+        return None
+    try:
+        pid = int(text.split()[0])
+    except (ValueError, IndexError):
+        return None
+    return pid if pid > 0 else None
+
+
+def remove_quietly(*paths):
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def ensure_dir(path, mode=0o700):
+    """Create ``path`` (and parents) when missing; new directories get ``mode``."""
+    if path and not os.path.isdir(path):
+        os.makedirs(path, mode)
+
+
+# --------------------------------------------------------------------------
+# Processes (all /proc access goes through procfs)
+# --------------------------------------------------------------------------
+
+def starttime(pid):
+    """Start time (``/proc/<pid>/stat`` field 22) of ``pid``, or None when gone."""
+    stat = procfs.read_stat(int(pid)) if pid else None
+    return None if stat is None else stat["starttime"]
+
+
+def alive(pid, start=None):
+    """True while ``pid`` runs (not exited) and, if given, still has ``start``."""
+    if not pid:
+        return False
+    stat = procfs.read_stat(int(pid))
+    if stat is None or procfs.is_exited(stat["state"], stat["num_threads"]):
+        return False
+    return start is None or stat["starttime"] == int(start)
+
+
+def cmdline(pid):
+    """argv list of ``pid`` (empty when gone)."""
+    return procfs.read_cmdline(int(pid)) if pid else []
+
+
+def spawn_detached(argv, env, log_path, chdir=None):
+    """Start ``argv`` (an argv list, no shell) as a daemon in its own session.
+
+    stdin is ``/dev/null``, stdout and stderr append to ``log_path``, every
+    other descriptor is closed, signal dispositions and mask are reset. The
+    child stays a direct child of the caller until the caller exits, so
+    ``reap()`` can collect its exit status while we wait for health.
+
+    Returns the PID. Raises SpawnError when the log cannot be opened or the
+    exec fails (the error comes back through a close-on-exec pipe).
+    """
+    try:
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+    except OSError as exc:
+        raise SpawnError("cannot open log file %s: %s" % (log_path, exc.strerror))
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    err_r, err_w = os.pipe()  # both close-on-exec (PEP 446)
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        for fd in (log_fd, null_fd, err_r, err_w):
+            os.close(fd)
+        raise SpawnError("fork failed: %s" % exc.strerror)
+    if pid == 0:  # pragma: no cover - runs in the child, which execs or _exits
+        _exec_child(argv, env, chdir, log_fd, null_fd, err_r, err_w)
+    os.close(err_w)
+    os.close(log_fd)
+    os.close(null_fd)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(err_r, 4096)
+        except InterruptedError:
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(err_r)
+    if chunks:
+        reap(pid, block=True)
+        raise SpawnError("cannot execute %s: %s" % (argv[0], b"".join(chunks).decode("utf-8", "replace")))
+    return pid
+
+
+def _exec_child(argv, env, chdir, log_fd, null_fd, err_r, err_w):  # pragma: no cover - child side of the fork
+    try:
+        os.close(err_r)
+        os.setsid()
+        if chdir:
+            os.chdir(chdir)
+        os.dup2(null_fd, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        max_fd = os.sysconf("SC_OPEN_MAX")
+        if max_fd <= 0 or max_fd > 65536:
+            max_fd = 65536
+        os.closerange(3, err_w)
+        os.closerange(err_w + 1, max_fd)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.execvpe(argv[0], argv, env)
+    except BaseException as exc:  # noqa: B036 - report anything, then _exit
+        try:
+            msg = "%s: %s" % (type(exc).__name__, getattr(exc, "strerror", None) or exc)
+            os.write(err_w, msg.encode("utf-8", "replace")[:4000])
+        except BaseException:  # noqa: B036
+            pass
+    finally:
+        os._exit(127)
+
+
+def reap(pid, block=False):
+    """Collect ``pid`` if it is our exited child.
+
+    Returns None while it runs or when it is not our child, otherwise
+    ``{"code": N}`` or ``{"code": -N, "signal": "SIGKILL"}``.
+    """
+    try:
+        got, status = os.waitpid(int(pid), 0 if block else os.WNOHANG)
+    except (ChildProcessError, InterruptedError):
+        return None
+    if got == 0:
+        return None
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return {"signal": procfs.signal_name(sig), "code": -sig}
+    return {"code": os.WEXITSTATUS(status)}
+
+
+def tree(pid):
+    """``[(pid, starttime), ...]``: ``pid``, its descendants and the other
+    members of its session (children reparented to PID 1 keep the session id
+    of the server, which ran ``setsid``), ``pid`` first. Exited processes are
+    left out. Empty when ``pid`` is not a session leader and not running."""
+    pid = int(pid)
+    table = procfs.process_table(with_cgroup=False)
+    found = {}
+    if pid in table and not table[pid].exited:
+        found[pid] = table[pid].starttime
+    members = procfs.descendants(table, pid)
+    members += [info.pid for info in table.values() if info.sid == pid and info.pid != pid]
+    for member in members:
+        info = table.get(member)
+        if info is not None and not info.exited:
+            found.setdefault(member, info.starttime)
+    return sorted(found.items(), key=lambda item: (item[0] != pid, item[0]))
+
+
+def _handles(members):
+    handles = []
+    for member_pid, member_start in members:
+        handle = procfs.ProcessHandle.open(member_pid, member_start)
+        if handle is not None:
+            handles.append(handle)
+    return handles
+
+
+def _send(handle, sig):
+    try:
+        return handle.send(sig)
+    except OSError:
+        return False
+
+
+def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, term_signal=signal.SIGTERM):
+    """Stop the server ``pid`` and its whole tree, by PID.
+
+    1. snapshot the tree (``tree()``: descendants and session members) and pin
+       every member by PID and start time (``procfs.ProcessHandle``);
+    2. send ``term_signal`` (SIGTERM) to the main process only: SGLang drains
+       and tears its children down itself (sglang.md section 3.2);
+    3. wait up to ``timeout`` seconds for every member to be gone;
+    4. SIGKILL each survivor, plus members that appeared meanwhile, and wait
+       up to ``kill_grace`` seconds.
+
+    Returns ``{"signalled", "killed", "exited", "still_running", "elapsed"}``;
+    ``still_running`` is non-empty only when a process survived SIGKILL
+    (D state, PID 1 in a container).
+    """
+    deadline = procfs.Deadline(max(float(timeout), 0.0))
+    pid = int(pid)
+    if start is None:
+        start = starttime(pid)
+    members = tree(pid) if alive(pid, start) else []
+    handles = _handles(members)
+    main = [h for h in handles if h.pid == pid]
+    if not main:
+        for handle in handles:
+            handle.close()
+        if is_child:
+            reap(pid)
+        return {"signalled": [], "killed": [], "exited": [], "still_running": [], "elapsed": 0.0}
+
+    def _reap_main(handle):
+        if is_child and handle.pid == pid:
+            reap(pid)
+
+    signalled = [pid] if _send(main[0], term_signal) else []
+    left = procfs.wait_gone(handles, deadline, on_exit=_reap_main)
+    known = set(h.pid for h in left)
+    if alive(pid, start):
+        left += [h for h in _handles(m for m in tree(pid) if m[0] not in known)]
+    killed = [h.pid for h in left if _send(h, signal.SIGKILL)]
+    still = procfs.wait_gone(left, procfs.Deadline(kill_grace), on_exit=_reap_main) if left else []
+    if is_child:
+        reap(pid)
+    for handle in handles + left:
+        handle.close()
+    still_pids = sorted(set(h.pid for h in still))
+    return {
+        "signalled": signalled,
+        "killed": sorted(set(killed)),
+        "exited": sorted(set(p for p, _s in members) - set(still_pids)),
+        "still_running": still_pids,
+        "elapsed": round(deadline.elapsed(), 3),
+    }
+
+
+def kill_leftovers(members, grace=5.0):
+    """SIGKILL every ``(pid, start)`` still running (a crashed server's
+    children that may still hold GPU memory); returns ``(killed, still_running)``."""
+    handles = _handles(members)
+    killed = [h.pid for h in handles if _send(h, signal.SIGKILL)]
+    still = procfs.wait_gone(handles, procfs.Deadline(grace)) if killed else []
+    for handle in handles:
+        handle.close()
+    return killed, [h.pid for h in still]
+
+
+# --------------------------------------------------------------------------
+# Logs
+# --------------------------------------------------------------------------
+
+def read_log(path, offset=0, max_bytes=4 * 1024 * 1024):
+    """Text of ``path`` from ``offset`` on (at most the last ``max_bytes``).
+    A log that shrank (rotated, truncated) is read from its start."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            if offset is None or offset > size:
+                offset = 0
+            begin = max(offset, size - max_bytes)
+            fh.seek(begin)
+            data = fh.read()
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return ""
+        raise
+    return data.decode("utf-8", errors="replace")
+
+
+def log_size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def tail(text, lines=40):
+    """The last ``lines`` lines of ``text`` as a list."""
+    rows = text.splitlines()
+    return rows[-lines:] if lines else rows

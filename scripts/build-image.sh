@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# Build, or reuse when present, the local podman image of the molecule
+# container hosts. Prints progress on stderr and the image name on stdout:
+#
+#   image=$(scripts/build-image.sh)      # localhost/gpufleet-node:<hash>
+#
+# Two layers, so that a simulator change does not cost a debootstrap:
+#   localhost/gpufleet-base:<hash>  debootstrap --variant=minbase of Debian
+#       bookworm plus molecule/image/packages.txt, imported with podman import;
+#       hash of this script, the package list, suite and architecture.
+#   localhost/gpufleet-node:<hash>  FROM the base, with simulator/ in
+#       /opt/gpufleet-sim and the files of molecule/image/files/ (nvidia-smi
+#       and gpusim wrappers in /usr/local/bin, a .pth file for python3);
+#       hash of the base tag, molecule/image/Containerfile, files/ and every
+#       file under simulator/ (names, modes and contents; caches excluded).
+#
+# Options:
+#   --print     print the node image name and exit (nothing is built)
+#   --force     rebuild both images even if they exist
+#   --prune     afterwards remove other gpufleet-node/-base tags that no
+#               container uses
+#
+# Environment:
+#   CONTAINERS_CONF         defaults to molecule/containers.conf (runc, ulimits)
+#   GPUFLEET_DEBIAN_MIRROR  mirror for debootstrap; default: the URIs: line of
+#                           /etc/apt/sources.list.d/*.sources for the suite
+#   GPUFLEET_DEBIAN_SUITE   default bookworm
+#   TMPDIR                  where the root filesystem is assembled (/var/tmp)
+set -euo pipefail
+
+SCRIPT_PATH="$(readlink -f "${BASH_SOURCE[0]}")"
+REPO="$(cd "$(dirname "$SCRIPT_PATH")/.." && pwd)"
+IMAGE_DIR="$REPO/molecule/image"
+SIM_DIR="$REPO/simulator"
+SUITE="${GPUFLEET_DEBIAN_SUITE:-bookworm}"
+BASE_REPO="localhost/gpufleet-base"
+NODE_REPO="localhost/gpufleet-node"
+export CONTAINERS_CONF="${CONTAINERS_CONF:-$REPO/molecule/containers.conf}"
+
+say() { printf 'build-image: %s\n' "$*" >&2; }
+die() { printf 'build-image: ERROR: %s\n' "$*" >&2; exit 1; }
+
+mode=build
+force=0
+prune=0
+for arg in "$@"; do
+    case "$arg" in
+        --print) mode=print ;;
+        --force) force=1 ;;
+        --prune) prune=1 ;;
+        -h|--help) sed -n '2,31p' "$SCRIPT_PATH"; exit 0 ;;
+        *) die "unknown argument '$arg' (see --help)" ;;
+    esac
+done
+
+# ---------------------------------------------------------------- inputs
+# Files of a tree, sorted, without Python caches and editor droppings.
+list_tree() {
+    (cd "$1" && find . \( -name __pycache__ -o -name .pytest_cache -o -name .mypy_cache \) -prune \
+        -o -type f ! -name '*.pyc' ! -name '*.pyo' ! -name '*~' ! -name '.*.swp' -print | LC_ALL=C sort)
+}
+
+# Hash of names, modes and contents of the files given relative to $1.
+hash_tree_files() {
+    local root="$1"; shift
+    local f
+    for f in "$@"; do
+        printf '%s %s ' "$f" "$(stat -c %a "$root/$f")"
+        sha256sum < "$root/$f" | cut -d' ' -f1
+    done
+}
+
+[[ -f "$IMAGE_DIR/packages.txt" ]] || die "missing $IMAGE_DIR/packages.txt"
+[[ -f "$IMAGE_DIR/Containerfile" ]] || die "missing $IMAGE_DIR/Containerfile"
+[[ -d "$SIM_DIR" ]] || die "missing $SIM_DIR (the simulator)"
+
+mapfile -t PACKAGES < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$IMAGE_DIR/packages.txt" | grep -v '^$')
+[[ ${#PACKAGES[@]} -gt 0 ]] || die "no packages in $IMAGE_DIR/packages.txt"
+ARCH="$(dpkg --print-architecture 2>/dev/null || uname -m)"
+
+# ---------------------------------------------------------------- base
+find_mirror() {
+    if [[ -n "${GPUFLEET_DEBIAN_MIRROR:-}" ]]; then
+        printf '%s\n' "$GPUFLEET_DEBIAN_MIRROR"; return 0
+    fi
+    local f uri
+    # deb822 sources: the first URI of a "Types: deb" stanza listing the suite.
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -f "$f" ]] || continue
+        uri="$(awk -v suite="$SUITE" '
+            function flush() { if (deb && has && uri != "" && !done) { print uri; done = 1 }
+                               deb = 0; has = 0; uri = "" }
+            /^[[:space:]]*$/ { flush(); next }
+            /^[[:space:]]*#/ { next }
+            tolower($1) == "types:"  { for (i = 2; i <= NF; i++) if ($i == "deb") deb = 1 }
+            tolower($1) == "uris:"   { uri = $2 }
+            tolower($1) == "suites:" { for (i = 2; i <= NF; i++) if ($i == suite) has = 1 }
+            END { flush() }' "$f")"
+        if [[ -n "$uri" ]]; then printf '%s\n' "$uri"; return 0; fi
+    done
+    # One-line sources: "deb [options] URI SUITE COMPONENTS".
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -f "$f" ]] || continue
+        uri="$(awk -v suite="$SUITE" '$1 == "deb" {
+                i = 2; if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
+                if ($(i + 1) == suite) { print $i; exit } }' "$f")"
+        if [[ -n "$uri" ]]; then printf '%s\n' "$uri"; return 0; fi
+    done
+    return 1
+}
+
+build_base() {
+    command -v debootstrap >/dev/null 2>&1 || [[ -x /usr/sbin/debootstrap ]] \
+        || die "debootstrap is not installed; run scripts/install-system-deps.sh (as root)"
+    [[ $(id -u) -eq 0 ]] || die "debootstrap needs root to build $BASE_IMAGE"
+    local mirror
+    mirror="$(find_mirror)" \
+        || die "no apt mirror for '$SUITE' in /etc/apt/sources.list.d/*.sources or sources.list; set GPUFLEET_DEBIAN_MIRROR"
+    ROOTFS="$(mktemp -d "${TMPDIR:-/var/tmp}/gpufleet-rootfs.XXXXXX")"
+    trap 'cleanup_rootfs' EXIT
+    local include
+    include="$(IFS=,; printf '%s' "${PACKAGES[*]}")"
+    say "debootstrap --variant=minbase --include=$include $SUITE (mirror from apt sources) ..."
+    local t0=$SECONDS log="$ROOTFS.log"
+    if ! PATH="/usr/sbin:/sbin:$PATH" debootstrap --variant=minbase --components=main \
+            --include="$include" "$SUITE" "$ROOTFS" "$mirror" >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        [[ -f "$ROOTFS/debootstrap/debootstrap.log" ]] && tail -n 30 "$ROOTFS/debootstrap/debootstrap.log" >&2
+        die "debootstrap failed (log above; mirror $mirror)"
+    fi
+    say "debootstrap done in $((SECONDS - t0)) s"
+    # Trim and make the image neutral: no package caches, no fixed machine id
+    # (systemd makes a fresh one per container at boot).
+    rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/cache/apt/*.bin \
+        "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/log/*.log "$ROOTFS"/tmp/* "$ROOTFS"/root/.cache
+    : > "$ROOTFS/etc/machine-id"
+    rm -f "$ROOTFS/var/lib/dbus/machine-id"
+    say "podman import -> $BASE_IMAGE ..."
+    t0=$SECONDS
+    tar --numeric-owner --xattrs -C "$ROOTFS" -c . \
+        | podman import --quiet --change 'CMD ["/sbin/init"]' --change 'STOPSIGNAL SIGRTMIN+3' \
+            --message "gpufleet base: debootstrap $SUITE minbase + ${PACKAGES[*]}" \
+            - "$BASE_IMAGE" >/dev/null \
+        || die "podman import of $BASE_IMAGE failed"
+    say "import done in $((SECONDS - t0)) s"
+    cleanup_rootfs
+    trap - EXIT
+}
+
+cleanup_rootfs() {
+    if [[ -n "${ROOTFS:-}" && -d "$ROOTFS" ]]; then
+        # debootstrap may leave /proc or /sys mounted in the target on failure.
+        local m
+        for m in proc sys dev/pts dev; do
+            mountpoint -q "$ROOTFS/$m" 2>/dev/null && umount -l "$ROOTFS/$m" 2>/dev/null || true
+        done
+        rm -rf --one-file-system "$ROOTFS" "$ROOTFS.log"
+    fi
+    ROOTFS=""
+}
+
+# ---------------------------------------------------------------- tags
+base_hash="$(
+    {
+        printf 'suite %s arch %s\n' "$SUITE" "$ARCH"
+        printf 'package %s\n' "${PACKAGES[@]}"
+        # The recipe, as bash normalises it: comments and changes elsewhere
+        # in this script do not force a new debootstrap.
+        declare -f build_base
+    } | sha256sum | cut -c1-16
+)"
+BASE_IMAGE="$BASE_REPO:$base_hash"
+
+mapfile -t SIM_FILES < <(list_tree "$SIM_DIR")
+mapfile -t IMG_FILES < <(list_tree "$IMAGE_DIR/files")
+node_hash="$(
+    {
+        printf 'base %s\n' "$BASE_IMAGE"
+        sha256sum < "$IMAGE_DIR/Containerfile" | cut -d' ' -f1
+        printf 'files\n'; hash_tree_files "$IMAGE_DIR/files" "${IMG_FILES[@]}"
+        printf 'simulator\n'; hash_tree_files "$SIM_DIR" "${SIM_FILES[@]}"
+    } | sha256sum | cut -c1-16
+)"
+NODE_IMAGE="$NODE_REPO:$node_hash"
+
+if [[ $mode == print ]]; then
+    printf '%s\n' "$NODE_IMAGE"
+    exit 0
+fi
+
+# ---------------------------------------------------------------- tools
+command -v podman >/dev/null 2>&1 \
+    || die "podman is not installed; run scripts/install-system-deps.sh (as root)"
+grep -qs '^[[:space:]]*runtime[[:space:]]*=[[:space:]]*"runc"' "$CONTAINERS_CONF" \
+    || say "warning: $CONTAINERS_CONF does not select runc; crun fails on cgroup v1 hybrid hosts"
+command -v runc >/dev/null 2>&1 || [[ -x /usr/sbin/runc ]] \
+    || die "runc is not installed; run scripts/install-system-deps.sh (as root)"
+
+# One build at a time on this machine (the image store is shared).
+exec 9>"${TMPDIR:-/tmp}/gpufleet-build-image.lock"
+flock 9
+
+t_start=$SECONDS
+
+# ---------------------------------------------------------------- build
+if [[ $force -eq 0 ]] && podman image exists "$BASE_IMAGE"; then
+    say "reusing $BASE_IMAGE"
+else
+    build_base
+fi
+
+# ---------------------------------------------------------------- node
+build_node() {
+    [[ ${#SIM_FILES[@]} -gt 0 ]] || say "warning: $SIM_DIR has no files; the image has no simulator"
+    local ctx t0=$SECONDS f
+    ctx="$(mktemp -d "${TMPDIR:-/var/tmp}/gpufleet-node-ctx.XXXXXX")"
+    # shellcheck disable=SC2064
+    trap "rm -rf '$ctx'" EXIT
+    mkdir -p "$ctx/sim" "$ctx/files"
+    for f in "${SIM_FILES[@]}"; do
+        mkdir -p "$ctx/sim/$(dirname "$f")"
+        cp -p "$SIM_DIR/$f" "$ctx/sim/$f"
+    done
+    cp -a "$IMAGE_DIR/files/." "$ctx/files/"
+    cp "$IMAGE_DIR/Containerfile" "$ctx/Containerfile"
+    say "podman build FROM $BASE_IMAGE -> $NODE_IMAGE (${#SIM_FILES[@]} simulator files) ..."
+    if ! podman build --pull=never --network=none --layers=false \
+            --build-arg "BASE_IMAGE=$BASE_IMAGE" -f "$ctx/Containerfile" -t "$NODE_IMAGE" \
+            "$ctx" >"$ctx.log" 2>&1; then
+        tail -n 30 "$ctx.log" >&2
+        rm -f "$ctx.log"
+        die "podman build of $NODE_IMAGE failed (log above)"
+    fi
+    rm -rf "$ctx" "$ctx.log"
+    trap - EXIT
+    say "node image built in $((SECONDS - t0)) s"
+}
+
+if [[ $force -eq 0 ]] && podman image exists "$NODE_IMAGE"; then
+    say "reusing $NODE_IMAGE"
+else
+    build_node
+fi
+
+# ---------------------------------------------------------------- prune
+if [[ $prune -eq 1 ]]; then
+    in_use="$(podman ps -a --format '{{.Image}}' | sort -u)"
+    # Node images first: an old base cannot go while a node image uses it.
+    for repo in "$NODE_REPO" "$BASE_REPO"; do
+        while read -r img; do
+            [[ -z "$img" || "$img" == "$NODE_IMAGE" || "$img" == "$BASE_IMAGE" ]] && continue
+            if grep -qxF "$img" <<<"$in_use"; then
+                say "keeping $img (used by a container)"
+            elif podman rmi "$img" >/dev/null 2>&1; then
+                say "removed $img"
+            else
+                say "could not remove $img (still in use?)"
+            fi
+        done < <(podman images --format '{{.Repository}}:{{.Tag}}' | grep -F "$repo:" || true)
+    done
+fi
+
+say "ready: $NODE_IMAGE (base $BASE_IMAGE) in $((SECONDS - t_start)) s"
+printf '%s\n' "$NODE_IMAGE"
