@@ -656,12 +656,13 @@ class ProcessHandle(object):
             self.pidfd = None
 
 
-def wait_gone(handles, deadline, interval=0.02, sleep=time.sleep, on_exit=None):
+def wait_gone(handles, deadline, interval=0.02, sleep=time.sleep, on_exit=None, on_poll=None):
     """Wait until every handle is gone or ``deadline`` expires.
 
     Polls every ``interval`` seconds (clamped to the time left), waking early
     through the pidfds when the kernel has them. ``on_exit(handle)`` is
-    called once per handle when its exit is first seen. Returns the handles
+    called once per handle when its exit is first seen; ``on_poll(pending)``
+    after each round (it may shorten ``deadline``). Returns the handles
     still running.
     """
     pending = [h for h in handles]
@@ -677,6 +678,8 @@ def wait_gone(handles, deadline, interval=0.02, sleep=time.sleep, on_exit=None):
         pending = still
         if not pending:
             return []
+        if on_poll is not None:
+            on_poll(pending)
         wait = deadline.clamp(interval)
         if wait <= 0:
             return pending

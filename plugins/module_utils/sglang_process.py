@@ -89,9 +89,16 @@ def mask_text(text, secrets=()):
 
 
 def mask_argv(argv, secrets=()):
-    """Copy of ``argv`` with the values of ``--api-key``/``--admin-api-key``
-    (``procfs.mask_secrets``) and any secret literal masked."""
-    return [mask_text(token, secrets) for token in procfs.mask_secrets([str(t) for t in argv])]
+    """Copy of ``argv`` with the values of secret flags (``--api-key``,
+    ``--admin-api-key`` and any ``--*-token``/``--*-secret``/``--*-password``;
+    ``procfs.mask_secrets``) and any secret literal masked."""
+    argv = [str(t) for t in argv]
+    flags = set(procfs.SECRET_FLAGS)
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if flag.startswith("--") and is_secret_name(flag[2:]):
+            flags.add(flag)
+    return [mask_text(token, secrets) for token in procfs.mask_secrets(argv, flags=tuple(sorted(flags)))]
 
 
 def redact(obj, secrets=()):

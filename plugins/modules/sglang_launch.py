@@ -388,8 +388,6 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
-CONFIG_MIN_VERSION = (0, 5, 10)
-SERVER_INFO_MIN_VERSION = (0, 5, 10)
 LOG_TAIL_LINES = 40
 JOURNAL_LINES = 200
 PROBE_TIMEOUT = 30.0
@@ -397,7 +395,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.@-]+$")
 # Server modules that mark where SGLang's own flags begin in a command line.
 ENTRY_TOKENS = ("sglang.launch_server", "serve")
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1", "[::]": "::1"}
-# Interchangeable spellings SGLang normalises without changing behaviour.
+# Spellings SGLang normalises without changing behaviour (sglang.md section 1.2).
 VALUE_ALIASES = {"speculative_algorithm": {"NEXTN": "EAGLE"}}
 
 
@@ -405,12 +403,12 @@ VALUE_ALIASES = {"speculative_algorithm": {"NEXTN": "EAGLE"}}
 # Pure helpers (unit tested)
 # --------------------------------------------------------------------------
 
-def version_tuple(version):
-    """'0.5.10' -> (0, 5, 10); '0.4.6.post5' -> (0, 4, 6). Raises ValueError."""
-    match = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))
-    if not match:
-        raise ValueError("cannot parse SGLang version %r (expected e.g. 0.5.23)" % (version,))
-    return tuple(int(g or 0) for g in match.groups())
+def supports_config(version):
+    """True when ``version`` has ``--config`` (0.5.10 and later)."""
+    try:
+        return sglang_args.flag_available("config", version)
+    except ValueError:
+        return False
 
 
 def norm_key(key):
@@ -507,11 +505,12 @@ def compare(expect, info, version, args=None, explain=None):
 
 
 def format_override(item):
-    """'speculative_num_draft_tokens: intended 16, running 2 — <why>'"""
+    """One line per difference: ``sglang_args.explain`` already starts with
+    ``<arg>: intended X, running Y``; anything else gets that prefix."""
     why = item.get("explanation") or ""
-    prefix = "%s: intended %s, running %s" % (item["arg"], _show(item["intended"]), _show(item["running"]))
-    if why.startswith(prefix):
+    if why.startswith("%s:" % item["arg"]):
         return why
+    prefix = "%s: intended %s, running %s" % (item["arg"], _show(item["intended"]), _show(item["running"]))
     return "%s \u2014 %s" % (prefix, why) if why else prefix
 
 
@@ -521,57 +520,18 @@ def _show(value):
     return json.dumps(value)
 
 
-def scan_log(text, secrets=(), patterns=None):
-    """Log lines that match a known override warning: ``[{line, arg}]``."""
-    patterns = sglang_args.OVERRIDE_LOG_PATTERNS if patterns is None else patterns
-    compiled = []
-    for entry in _iter_patterns(patterns):
-        compiled.append(entry)
+def scan_log(text, version, secrets=()):
+    """Known override warnings in the log (``sglang_args.scan_override_log``),
+    once each, secrets masked: ``[{arg, rule, line}]``."""
     found = []
     seen = set()
-    for line in text.splitlines():
-        for regex, arg in compiled:
-            if regex.search(line):
-                clean = sp.mask_text(line.strip(), secrets)
-                key = (clean, arg)
-                if key not in seen:
-                    seen.add(key)
-                    found.append({"line": clean, "arg": arg})
-                break
-    return found
-
-
-def _iter_patterns(patterns):
-    """Accept OVERRIDE_LOG_PATTERNS as a list of regexes, of (regex, arg)
-    pairs, of dicts with ``pattern``/``regex`` and ``arg``, or a dict
-    ``{arg: regex}`` / ``{regex: arg}``."""
-    if isinstance(patterns, dict):
-        items = []
-        for key, value in patterns.items():
-            if isinstance(value, (str, re.Pattern)) and not _looks_like_field(value):
-                items.append((value, key))
-            else:
-                items.append((key, value if isinstance(value, str) else None))
-        patterns = items
-    for entry in patterns or ():
-        arg = None
-        if isinstance(entry, dict):
-            regex = entry.get("pattern") or entry.get("regex") or entry.get("re")
-            arg = entry.get("arg")
-        elif isinstance(entry, (list, tuple)):
-            regex = entry[0]
-            arg = entry[1] if len(entry) > 1 and isinstance(entry[1], str) else None
-        else:
-            regex = entry
-        if regex is None:
+    for item in sglang_args.scan_override_log(text, version):
+        line = sp.mask_text(item["line"], secrets)
+        if (line, item["arg"]) in seen:
             continue
-        if not isinstance(regex, re.Pattern):
-            regex = re.compile(regex)
-        yield regex, arg
-
-
-def _looks_like_field(value):
-    return isinstance(value, str) and re.match(r"^[a-z][a-z0-9_]*$", value) is not None
+        seen.add((line, item["arg"]))
+        found.append({"arg": item["arg"], "rule": item.get("rule"), "line": line})
+    return found
 
 
 def flags_of(argv):
@@ -668,7 +628,7 @@ class Launcher(object):
         self.secrets = []
         self.result = {"changed": False, "action": "none"}
         self.blockers = []
-        self.vt = None
+        self.has_config = True
         # Filled by plan():
         self.args = {}
         self.secret_args = {}
@@ -717,10 +677,10 @@ class Launcher(object):
             self.blockers.append("name %r may contain only letters, digits, '.', '_', '-' and '@' (it is used in paths and the unit name)"
                                  % self.name)
         try:
-            self.vt = version_tuple(self.version)
+            sglang_args.rule_version(self.version)
         except ValueError as exc:
             self.blockers.append("version: %s" % exc)
-            self.vt = (0, 5, 23)
+        self.has_config = supports_config(self.version)
         for key, value in self.env.items():
             if sp.is_secret_name(key):
                 self.secret(value)
@@ -731,12 +691,11 @@ class Launcher(object):
         args = {}
         for key, value in (p["args"] or {}).items():
             args[norm_key(key)] = value
-        for key in list(args):
-            if sp.is_secret_name(key) and args[key] not in (None, ""):
-                self.secret_args[key] = args.pop(key)
-                self.secret(self.secret_args[key])
-            elif sp.is_secret_name(key):
-                args.pop(key)
+        for key in sglang_args.SECRET_ARGS:
+            value = args.pop(key, None)
+            if value not in (None, ""):
+                self.secret_args[key] = value
+                self.secret(value)
         if self.api_key:
             if "api_key" in self.secret_args and str(self.secret_args["api_key"]) != self.api_key:
                 self.blockers.append("api_key is given both as the api_key option and in args with different values; give it once")
@@ -761,16 +720,17 @@ class Launcher(object):
         self.args = args
 
         try:
-            self.flags = list(sglang_args.to_argv(args, self.version))
+            self.flags = list(sglang_args.to_argv(args, self.version, secrets="omit"))
         except ValueError as exc:
             self.blockers.append("args: %s" % exc)
             self.flags = []
         if self.secret_args:
-            if self.vt >= CONFIG_MIN_VERSION:
+            if self.has_config:
                 try:
-                    self.config_text = sglang_args.to_config_yaml(self.secret_args)
+                    self.config_text = sglang_args.to_config_yaml(self.secret_args, self.version)
                 except ValueError as exc:
                     self.blockers.append("args: %s" % exc)
+                # Two tokens: SGLang silently ignores --config=FILE (sglang.md section 5).
                 self.flags += ["--config", self.config_path]
             elif p["allow_api_key_in_argv"]:
                 try:
@@ -804,7 +764,7 @@ class Launcher(object):
         self.fp = sp.fingerprint(self.flags, self.config_text if self.manager == "process" else self._config_on_disk(), env_fp, chdir_fp)
 
     def _config_on_disk(self):
-        if not self.secret_args or self.vt < CONFIG_MIN_VERSION:
+        if not self.secret_args or not self.has_config:
             return None
         try:
             with open(self.config_path, "r", encoding="utf-8") as fh:
@@ -1174,8 +1134,9 @@ class Launcher(object):
     # ---------------- effective config ----------------
 
     def server_info(self):
+        # /server_info appeared in 0.5.10, together with --config (sglang.md section 2.3).
         order = ["/server_info", "/get_server_info"]
-        if self.vt < SERVER_INFO_MIN_VERSION:
+        if not self.has_config:
             order.reverse()
         last = None
         for path in order:
@@ -1209,7 +1170,7 @@ class Launcher(object):
             item["running"] = sp.redact(item["running"], self.secrets)
         res["overrides"] = overrides
         res["unverified"] = unverified
-        res["log_warnings"] = scan_log(self.log_text(log_offset, since_wall), self.secrets)
+        res["log_warnings"] = scan_log(self.log_text(log_offset, since_wall), self.version, self.secrets)
         if not overrides:
             return
         lines = [format_override(item) for item in overrides]

@@ -38,7 +38,7 @@ options:
     type: int
     default: 30000
   gpus:
-    description: GPU indices or UUIDs the server will use. Empty means GPU 0.
+    description: GPU indices or UUIDs the server will use. Empty means every GPU of the node.
     type: list
     elements: str
     default: []
@@ -212,7 +212,7 @@ def main():
                             % (p["draft_model_path"], err))
 
     # GPUs: one snapshot.
-    wanted = p["gpus"] or ["0"]
+    wanted = p["gpus"]
     try:
         backend, dummy = gpu_query.open_backend(p["backend"], gpu_query.module_runner(module, timeout=60), p["nvidia_smi"])
     except gpu_query.BackendUnavailable as exc:

@@ -293,7 +293,8 @@ def _timestamp():
 
 
 class Out:
-    def __init__(self):
+    def __init__(self, env=None):
+        self.env = os.environ if env is None else env
         self.chunks = []
         self.err = []
         self.rc = 0
@@ -303,7 +304,7 @@ class Out:
 
 
 def _lost_lines(out, lost):
-    stream = os.environ.get("GPUSIM_SMI_LOST_STREAM", "stdout")
+    stream = out.env.get("GPUSIM_SMI_LOST_STREAM", "stdout")
     for g in lost:
         line = HANDLE_ERROR % g["pci_bus_id"]
         (out.err if stream == "stderr" else out.chunks).append(line)
@@ -337,10 +338,11 @@ def query_gpu(out, snap, sel, fields, fmt):
         out.w(", ".join(vals) + "\n")
 
 
-def process_rows(snap, sel):
+def process_rows(snap, sel, env=None):
     """Rows as the driver lists them: one per (GPU, PID), memory summed."""
-    container = os.environ.get("GPUSIM_SMI_CONTAINER", "") not in ("", "0")
-    all_na = os.environ.get("GPUSIM_SMI_PROCESS_MEMORY", "").lower() in ("na", "n/a", "[n/a]")
+    env = os.environ if env is None else env
+    container = env.get("GPUSIM_SMI_CONTAINER", "") not in ("", "0")
+    all_na = env.get("GPUSIM_SMI_PROCESS_MEMORY", "").lower() in ("na", "n/a", "[n/a]")
     rows = []
     for g in sel:
         by_pid = {}
@@ -369,7 +371,7 @@ def query_apps(out, snap, sel, fields, fmt):
     ts = _timestamp()
     if fmt["header"]:
         out.w(_header(fields, lambda f: APP_UNITS.get(f)) + "\n")
-    for r in process_rows(snap, ok):
+    for r in process_rows(snap, ok, out.env):
         g = r["gpu"]
         vals = []
         for f in fields:
@@ -449,7 +451,8 @@ def table(out, snap, sel):
     out.w("|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |\n")
     out.w("|        ID   ID                                                             Usage      |\n")
     out.w("|" + "=" * 87 + "|\n")
-    rows = [r for r in process_rows(snap, [g for g in ok if not g.get("lost")]) if not r["hidden"]]
+    rows = [r for r in process_rows(snap, [g for g in ok if not g.get("lost")], out.env)
+            if not r["hidden"]]
     if not rows:
         out.w("|  No running processes found" + " " * 59 + "|\n")
     for r in rows:
@@ -462,7 +465,7 @@ def table(out, snap, sel):
 
 
 def reset(out, snap, sel, all_selected, node_obj):
-    euid_env = os.environ.get("GPUSIM_SMI_EUID")
+    euid_env = out.env.get("GPUSIM_SMI_EUID")
     euid = int(euid_env) if euid_env not in (None, "") else os.geteuid()
     ok, lost = _split_lost(sel)
     lost += [g for g in ok if g.get("lost")]
@@ -516,7 +519,7 @@ def run(argv, env=None):
         return RC_LIBRARY, LIBRARY_MISSING, ""
     if state == "mismatch":
         return RC_MISMATCH, VERSION_MISMATCH, ""
-    out = Out()
+    out = Out(env)
     try:
         opts = parse_args(argv)
         if opts.get("version"):

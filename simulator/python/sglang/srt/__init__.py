@@ -1,0 +1,1 @@
+"""Fake SGLang runtime (``sglang.srt``): simulator only, standard library only."""

@@ -1,0 +1,1 @@
+"""HTTP server and engine of the fake SGLang server."""

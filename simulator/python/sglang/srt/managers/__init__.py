@@ -1,0 +1,1 @@
+"""Child processes of the fake server (scheduler, detokenizer) and the tokenizer manager."""
