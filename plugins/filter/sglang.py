@@ -11,7 +11,7 @@ and turn malformed input into AnsibleFilterError.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
 
@@ -25,8 +25,20 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_args import
 )
 
 
+def _type_name(value):
+    """The plain type name, also for Ansible's lazy and tagged subclasses."""
+    for plain in (bool, int, float, str, bytes):
+        if isinstance(value, plain):
+            return plain.__name__
+    if isinstance(value, Mapping):
+        return "dict"
+    if isinstance(value, Sequence):
+        return "list"
+    return type(value).__name__
+
+
 def _describe(value):
-    return "%r (type %s)" % (value, type(value).__name__)
+    return "%r (type %s)" % (value, _type_name(value))
 
 
 def _check_args(name, args):
@@ -43,7 +55,7 @@ def _check_version(name, version):
         raise AnsibleFilterError("%s: invalid version %s: %s" % (name, _describe(version), exc))
 
 
-def sglang_resolve(args, version=DEFAULT_VERSION, policy=DEFAULT_POLICY, arch=None, draft_arch=None):
+def sglang_resolve(args, version=DEFAULT_VERSION, policy=DEFAULT_POLICY, arch=None, draft_arch=None, env=None):
     """Resolve SGLang arguments as SGLang ``version`` would; see sglang_resolve.yml."""
     _check_args("sglang_resolve", args)
     _check_version("sglang_resolve", version)
@@ -57,8 +69,13 @@ def sglang_resolve(args, version=DEFAULT_VERSION, policy=DEFAULT_POLICY, arch=No
                 "sglang_resolve: %s must be a string such as 'LlamaForCausalLM' (architectures[0] of the model's "
                 "config.json), got %s" % (option, _describe(value))
             )
+    if env is not None and not isinstance(env, Mapping):
+        raise AnsibleFilterError(
+            "sglang_resolve: env must be a dict of the server's environment variables, got %s" % _describe(env)
+        )
     try:
-        return resolve(dict(args), version=version, arch=arch, policy=policy, draft_arch=draft_arch)
+        return resolve(dict(args), version=version, arch=arch, policy=policy, draft_arch=draft_arch,
+                       env=dict(env) if env is not None else None)
     except ValueError as exc:
         raise AnsibleFilterError("sglang_resolve: %s" % exc)
 

@@ -64,6 +64,13 @@ BACKEND_NVML = 'nvml'
 
 MIB = 1024 * 1024
 
+# System daemons that keep GPU device files open and must never be stopped by
+# a drain (nvidia-smi.md section 3.7): persistence, DCGM, Fabric Manager, X, MPS.
+GPU_SYSTEM_DAEMONS = (
+    'nvidia-persistenced', 'nv-hostengine', 'dcgm', 'dcgm-exporter', 'nvidia-fabricmanager', 'nv-fabricmanager',
+    'Xorg', 'Xwayland', 'nvidia-cuda-mps-control', 'nvidia-cuda-mps-server',
+)
+
 # --query-gpu fields; name last so that a name with a comma cannot shift columns.
 GPU_FIELDS = ('index', 'uuid', 'pci.bus_id', 'memory.total', 'memory.reserved', 'memory.used', 'memory.free', 'name')
 GPU_FIELDS_NO_RESERVED = tuple(f for f in GPU_FIELDS if f != 'memory.reserved')

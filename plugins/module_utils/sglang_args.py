@@ -69,7 +69,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import os
 import re
 
 DEFAULT_VERSION = "0.5.23"
@@ -308,6 +307,8 @@ OVERRIDE_LOG_PATTERNS = [
      "versions": ["0.4.6", "0.4.10", "0.5.1"], "doc": "sglang.md §1.9"},
     {"arg": "disable_overlap_schedule", "rule": "spec.overlap_schedule_off",
      "text": "Overlap scheduler is disabled when spec v2 is off", "versions": ["0.5.10"], "doc": "sglang.md §1.9"},
+    {"arg": "disable_overlap_schedule", "rule": "spec.overlap_schedule_spec_v2", "text": MSG_SPEC_V2_ON_0510,
+     "versions": ["0.5.10"], "doc": "sglang.md §1.9"},
     {"arg": "disable_overlap_schedule", "rule": "spec.overlap_schedule_off", "text": MSG_OVERLAP_CPU,
      "versions": ["0.5.23"], "doc": "sglang.md §1.3 step 4"},
     {"arg": "disable_overlap_schedule", "rule": "spec.overlap_schedule_off", "text": MSG_NGRAM_0510,
@@ -728,6 +729,12 @@ class _Resolver(object):
                 "(sglang.md §5)" % self.a["config"])
         algorithm = self.a.get("speculative_algorithm")
         if algorithm is None or algorithm == "":
+            if self.R >= _V0523 and self.get("enable_return_aux_hidden_states", False):
+                # sglang.md §1.1 hook 1: the algorithm names the capture convention (wheel validation_hook.py:711-716).
+                self.error(
+                    "speculative_algorithm: SGLang %s raises \"--enable-return-aux-hidden-states needs "
+                    "--speculative-algorithm EAGLE3, DFLASH or DSPARK to name the capture convention\"; set one of "
+                    "them or drop enable_return_aux_hidden_states" % self.version)
             return self.result()
         try:
             self.resolve_speculation()
@@ -784,6 +791,12 @@ class _Resolver(object):
                 "flex_attention (AssertionError \"Speculative decoding is currently not supported with Flex "
                 "Attention backend\", sglang.md §1.8); use another attention_backend or drop "
                 "speculative_algorithm" % self.version)
+
+        if R >= _V0523 and self.get("enable_dp_attention", False) and not self.attn_dp():
+            self.notes.append(
+                "enable_dp_attention without dp_size > 1 does not turn attention-DP on in SGLang %s: the deprecated "
+                "flag becomes attn_dp_size = dp_size (sglang.md §2.3); set dp_size or attn_dp_size for attention-DP"
+                % self.version)
 
         alg = self.normalize_algorithm(raw_alg)
 
@@ -967,7 +980,7 @@ class _Resolver(object):
         if path is None:
             return list(_ADAPTIVE_DEFAULT_CANDIDATES)
         try:
-            with open(os.path.expanduser(path)) as handle:
+            with open(path) as handle:
                 config = json.load(handle)
             steps = set()
             for key, entry in config.items():
@@ -1680,6 +1693,10 @@ def _explain_rule(rule, arg, intended, running, args):
                 "on CPU, and for NGRAM in 0.5.10); set disable_overlap_schedule: true to match")
     if rule == "spec.overlap_schedule_spec_v2":
         return "SGLANG_ENABLE_SPEC_V2 (or a multi-layer EAGLE model) turns the overlap scheduler on in 0.5.10; unset it to keep overlap off"
+    if rule == "spec.sync_spec_v2":
+        return "with the overlap scheduler off SGLang 0.5.23 runs the synchronous spec-v2 path; expected"
+    if rule == "eagle.mtp_draft_path_warning":
+        return "SGLang only warns that MTP checkpoints need no draft path; the value is kept"
     if rule == "spec.mixed_chunk_off":
         return "SGLang turns mixed chunked prefill off because the speculative algorithm cannot mix; drop enable_mixed_chunk"
     if rule == "algorithm.nextn_alias":
@@ -1725,13 +1742,46 @@ def _explain_rule(rule, arg, intended, running, args):
     return None
 
 
+def _default_rule(arg, intended, running, args):
+    """The usual rule behind a difference in ``arg``, when it fits the values seen."""
+    args = args or {}
+    if arg == "speculative_algorithm":
+        if str(intended).upper() == "NEXTN" and running == "EAGLE":
+            return "algorithm.nextn_alias"
+        if running == "FROZEN_KV_MTP":
+            return "algorithm.gemma4_frozen_kv_mtp"
+        if running is None:
+            return "aux.disables_speculation"
+        return "algorithm.uppercase" if str(intended).upper() == str(running) else None
+    if arg == "speculative_eagle_topk":
+        return "eagle.page_size_topk1" if running == 1 and isinstance(intended, int) and intended > 1 else None
+    if arg == "speculative_num_draft_tokens":
+        fits = args.get("speculative_eagle_topk") in (None, 1) and isinstance(running, int) and running >= 1
+        return "eagle.topk1_draft_tokens" if fits else None
+    expected_running = {
+        "max_running_requests": 48,
+        "disable_overlap_schedule": True,
+        "enable_mixed_chunk": False,
+        "speculative_draft_model_revision": "main",
+        "speculative_adaptive": False,
+        "enable_multi_layer_eagle": True,
+    }
+    if arg in expected_running and _same(running, expected_running[arg]):
+        return _DEFAULT_RULE_FOR_ARG[arg]
+    if arg == "speculative_draft_model_path" and running is not None and running == args.get("model_path"):
+        return _DEFAULT_RULE_FOR_ARG[arg]
+    return None
+
+
 def explain(arg, intended, running, version=DEFAULT_VERSION, args=None, arch=None):
     """One line explaining why ``arg`` runs with ``running`` instead of ``intended``.
 
-    ``args`` (the intended args) lets the engine find the exact rule: the
-    intended args are resolved under ``mirror`` and the adjustment that
-    produced ``running`` is explained. Without them, the usual rule for that
-    argument is assumed. Unknown differences get a generic line.
+    Form: ``<arg>: intended X, running Y — <why>; <fix>``. ``args`` (the
+    intended args) lets the engine find the exact rule: the args are resolved
+    under ``mirror`` and the adjustment that produced ``running`` is
+    explained. Otherwise the usual rule for that argument is used when it fits
+    the values; any other difference gets a generic line. Secret values are
+    masked.
     """
     rule = None
     if args is not None and hasattr(args, "items"):
@@ -1747,21 +1797,16 @@ def explain(arg, intended, running, version=DEFAULT_VERSION, args=None, arch=Non
         for adj in result["adjustments"]:
             if adj["arg"] == arg and _same(adj["to"], running) and not _same(adj["from"], adj["to"]):
                 rule = adj["rule"]
-    else:
-        rule = _DEFAULT_RULE_FOR_ARG.get(arg)
-        if arg == "speculative_algorithm":
-            rule = "algorithm.nextn_alias" if str(intended).upper() == "NEXTN" and running == "EAGLE" else \
-                "algorithm.gemma4_frozen_kv_mtp" if running == "FROZEN_KV_MTP" else \
-                "aux.disables_speculation" if running is None else \
-                "algorithm.uppercase" if str(intended).upper() == str(running) else None
-        elif arg == "speculative_eagle_topk" and running == 1 and isinstance(intended, int) and intended > 1:
-            rule = "eagle.page_size_topk1"
+    if rule is None:
+        rule = _default_rule(arg, intended, running, args if hasattr(args, "get") else None)
     text = _explain_rule(rule, arg, intended, running, args) if rule else None
+    if arg in SECRET_ARGS:
+        intended, running = ("********" if intended is not None else None), ("********" if running is not None else None)
     head = "%s: intended %s, running %s" % (arg, _fmt(intended), _fmt(running))
     if text:
-        return "%s — %s" % (head, text)
+        return "%s \u2014 %s" % (head, text)
     flag = FLAGS[arg]["flag"] if arg in FLAGS else "--" + str(arg).replace("_", "-")
-    return ("%s — no known SGLang %s rule changes this argument; check the server log for a warning naming %s and "
+    return ("%s \u2014 no known SGLang %s rule changes this argument; check the server log for a warning naming %s and "
             "make sure the server was started with the rendered arguments" % (head, version, flag))
 
 

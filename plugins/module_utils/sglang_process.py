@@ -350,14 +350,16 @@ def _send(handle, sig):
         return False
 
 
-def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, term_signal=signal.SIGTERM):
+def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, term_signal=signal.SIGTERM, orphan_grace=3.0):
     """Stop the server ``pid`` and its whole tree, by PID.
 
     1. snapshot the tree (``tree()``: descendants and session members) and pin
        every member by PID and start time (``procfs.ProcessHandle``);
     2. send ``term_signal`` (SIGTERM) to the main process only: SGLang drains
        and tears its children down itself (sglang.md section 3.2);
-    3. wait up to ``timeout`` seconds for every member to be gone;
+    3. wait up to ``timeout`` seconds for the main process to exit, then at
+       most ``orphan_grace`` more seconds for the rest (a child that outlives
+       the main process will not exit by itself);
     4. SIGKILL each survivor, plus members that appeared meanwhile, and wait
        up to ``kill_grace`` seconds.
 
@@ -384,7 +386,11 @@ def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, te
             reap(pid)
 
     signalled = [pid] if _send(main[0], term_signal) else []
-    left = procfs.wait_gone(handles, deadline, on_exit=_reap_main)
+    left = procfs.wait_gone(main, deadline, on_exit=_reap_main)
+    others = [h for h in handles if h.pid != pid]
+    if not left:
+        deadline.shorten(orphan_grace)
+    left += procfs.wait_gone(others, deadline)
     known = set(h.pid for h in left)
     if alive(pid, start):
         left += [h for h in _handles(m for m in tree(pid) if m[0] not in known)]

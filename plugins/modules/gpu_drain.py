@@ -26,7 +26,7 @@ description:
   - A root is never PID 1, a shell, session or supervisor program (systemd, init, sshd, login, su, sudo, bash, sh,
     zsh, dash, tmux, screen, conmon, runc, containerd-shim, ...), Ansible's own processes, an O(exclude)d process,
     a process that holds memory only on GPUs outside O(gpus), or an ancestor of the module itself. In those
-    cases the holder itself is signalled instead, and RV(skipped) says why the root was not used.
+    cases the holder itself is signalled instead, and RV(not_signalled) says why the root was not used.
   - "B(Signals.) O(signal) (default C(SIGTERM)) goes to each root first. When every root has exited, the others
     get one more second; when O(term_timeout) expires, C(SIGKILL) goes to the roots, their descendants in the same
     session and the holders. The module then waits up to O(kill_timeout) for them to be gone; a zombie whose last
@@ -34,7 +34,7 @@ description:
     kernel has them), so a signal can never reach a process that reused a PID."
   - Holder PIDs that nvidia-smi lists but C(/proc) does not show (another PID namespace, process name
     C([Not Found])) and holders whose C(/proc) entry has no descriptor open on a GPU device (O(device_paths))
-    are never signalled; they are reported in RV(skipped) with a hint.
+    are never signalled; they are reported in RV(not_signalled) with a hint.
   - Any targeted process still running after O(kill_timeout) (for example in state C(D), stuck in the driver)
     makes the task fail with its PID, state and GPUs.
   - This module has nothing to do with the C(nvidia-smi drain) subcommand, which sets a PCIe drain state so
@@ -72,7 +72,7 @@ options:
         against the full command line and in full against the process name (C(comm)).
       - The default protects the daemons that keep GPU device files open (nvidia-smi.md section 3.7). Setting
         this option replaces the list, so repeat the defaults you want to keep.
-      - An excluded holder is reported in RV(skipped); its memory stays allocated.
+      - An excluded holder is reported in RV(not_signalled); its memory stays allocated.
     type: list
     elements: str
     default:
@@ -265,8 +265,10 @@ signalled:
       used_mib:
       signals: [SIGTERM]
       seconds_to_exit: 3.41
-skipped:
-  description: Holders and root candidates that were not signalled, each with the reason.
+not_signalled:
+  description:
+    - Holders and root candidates that were not signalled, each with the reason.
+    - (Named so because Ansible reserves the result key C(skipped) for the task status.)
   returned: always
   type: list
   elements: dict
@@ -337,10 +339,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
 from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
 
-DEFAULT_EXCLUDE = [
-    'nvidia-persistenced', 'nv-hostengine', 'dcgm', 'dcgm-exporter', 'nvidia-fabricmanager', 'nv-fabricmanager',
-    'Xorg', 'Xwayland', 'nvidia-cuda-mps-control', 'nvidia-cuda-mps-server',
-]
+DEFAULT_EXCLUDE = list(gpu_query.GPU_SYSTEM_DAEMONS)
 
 # Programs that are never a server root: signalling them would end a login,
 # a terminal multiplexer, a container or the whole machine.
@@ -541,7 +540,7 @@ def choose_root(table, holder_pid, ctx):
             return leader, 'process-group leader of holder %d' % holder_pid, notes
         notes.append({'pid': leader, 'reason': 'not used as the root of holder %d (process-group leader): %s' % (
             holder_pid, refusal)})
-    return holder_pid, 'holder itself (no usable root, see skipped)', notes
+    return holder_pid, 'holder itself (no usable root, see not_signalled)', notes
 
 
 def tree_members(table, root_pid, ctx, kids=None):
@@ -706,7 +705,7 @@ class Drain(object):
         self.module = module
         self.params = module.params
         self.start = time.monotonic()
-        self.result = {'changed': False, 'signalled': [], 'skipped': [], 'survivors': [], 'holders': [],
+        self.result = {'changed': False, 'signalled': [], 'not_signalled': [], 'survivors': [], 'holders': [],
                        'remaining': [], 'gpus': [], 'backend': None}
         self.warnings = []
 
@@ -727,8 +726,8 @@ class Drain(object):
     def check_driver(self, snap):
         driver = snap['driver']
         if not driver['ok']:
-            self.fail('gpu_drain: cannot read the GPUs: %s (%s) %s' % (
-                driver['hint'] or driver['status'], driver['status'], driver['message']).strip(), driver=driver)
+            self.fail(('gpu_drain: cannot read the GPUs: %s (%s): %s' % (
+                driver['hint'] or driver['status'], driver['status'], driver['message'])).strip(), driver=driver)
 
     # -- setup ------------------------------------------------------------
     def setup(self):
@@ -834,7 +833,7 @@ class Drain(object):
             device_fds=lambda pid: procfs.device_fds(pid, self.device_patterns),
         )
         plan = plan_drain(table, target_holders, ctx, explicit_pids=p['pids'])
-        self.result['skipped'] = plan['skipped']
+        self.result['not_signalled'] = plan['skipped']
         order = self.ordered_targets(plan)
         reports = {}
         for pid in order:

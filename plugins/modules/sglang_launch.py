@@ -370,7 +370,6 @@ elapsed:
   type: float
 """
 
-import hashlib
 import json
 import math
 import os
@@ -820,31 +819,36 @@ class Launcher(object):
 
     # ---------------- diff ----------------
 
-    def render_launch(self, argv, config_text, env=None):
-        lines = ["argv: %s" % " ".join(self.masked(argv))]
-        if config_text:
+    def render_launch(self, argv_masked, config_masked, env_masked):
+        """Diff text of one launch; every input is already masked."""
+        lines = ["argv: %s" % " ".join(argv_masked or [])]
+        if config_masked:
             lines.append("config_file %s:" % self.config_path)
-            lines.extend("  " + sp.mask_text(line, self.secrets) for line in config_text.splitlines())
-        if env:
-            lines.append("env: %s" % ", ".join("%s=%s" % (k, sp.MASK if sp.is_secret_name(k) else v) for k, v in sorted(env.items())))
+            lines.extend("  " + line for line in config_masked.splitlines())
+        if env_masked:
+            lines.append("env: %s" % ", ".join("%s=%s" % (k, v) for k, v in sorted(env_masked.items())))
         return "\n".join(lines) + "\n"
+
+    def masked_env(self):
+        if self.manager != "process":
+            return None
+        return dict((k, sp.MASK if sp.is_secret_name(k) else sp.mask_text(v, self.secrets)) for k, v in self.env.items())
+
+    def masked_config(self):
+        text = self.config_text if self.manager == "process" else self._config_on_disk()
+        return sp.mask_text(text, self.secrets) if text else None
 
     def diff(self, action, cur):
         before = ""
         if cur["pid"]:
             record = cur["record"] or {}
             if record.get("pid") == cur["pid"] and record.get("argv"):
-                before = "\n".join(["argv: %s" % " ".join(record["argv"])] + (
-                    ["config_file %s: sha256 %s" % (self.config_path, record["config_sha256"])] if record.get("config_sha256") else []) + (
-                    ["env: %s" % record["env"]] if record.get("env") else [])) + "\n"
+                before = self.render_launch(record["argv"], record.get("config_masked"), record.get("env"))
             else:
-                before = "argv: %s\n" % " ".join(cur["argv"] or [])
-        if action == "stop":
-            after = ""
-        elif action == "none":
-            after = before
-        else:
-            after = self.render_launch(self.argv, self.config_text, self.env if self.manager == "process" else None)
+                before = self.render_launch(cur["argv"], None, None)
+        after = ""
+        if action in ("start", "restart"):
+            after = self.render_launch(self.masked(self.argv), self.masked_config(), self.masked_env())
         return {"before": before, "after": after, "before_header": "%s (running)" % self.name,
                 "after_header": "%s (intended)" % self.name}
 
@@ -1000,11 +1004,8 @@ class Launcher(object):
             "name": self.name, "manager": self.manager, "pid": pid, "starttime": start, "port": self.port, "url": self.url,
             "fingerprint": self.fp, "argv": self.masked(self.argv), "version": self.version, "log_offset": log_offset,
             "started_at": started_wall, "unit": self.unit if self.manager == "systemd" else None,
-            "env": dict((k, sp.MASK if sp.is_secret_name(k) else v) for k, v in self.env.items()) if self.manager == "process" else None,
+            "env": self.masked_env(), "config_masked": self.masked_config(),
         }
-        if self.config_text is not None or self.manager == "systemd":
-            text = self.config_text if self.manager == "process" else self._config_on_disk()
-            record["config_sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest() if text else None
         sp.write_state(self.state_file, record)
         return pid, start, log_offset, is_child
 
@@ -1191,33 +1192,37 @@ def _num(value):
     return ("%d" % value) if float(value).is_integer() else ("%g" % value)
 
 
+def argument_spec():
+    return dict(
+        name=dict(type="str", required=True),
+        state=dict(type="str", default="started", choices=["started", "stopped", "restarted"]),
+        args=dict(type="dict"),
+        version=dict(type="str", default="0.5.23"),
+        manager=dict(type="str", default="process", choices=["process", "systemd"]),
+        unit=dict(type="str"),
+        python=dict(type="str", default="python3"),
+        env=dict(type="dict", default={}),
+        chdir=dict(type="path"),
+        host=dict(type="str"),
+        port=dict(type="int"),
+        api_key=dict(type="str", no_log=True),
+        allow_api_key_in_argv=dict(type="bool", default=False),
+        state_dir=dict(type="path"),
+        pid_file=dict(type="path"),
+        log_file=dict(type="path"),
+        config_file=dict(type="path"),
+        health_path=dict(type="str", default="/health_generate"),
+        health_timeout=dict(type="float", default=1800),
+        keep_on_failure=dict(type="bool", default=False),
+        expect=dict(type="dict"),
+        on_override=dict(type="str", default="fail", choices=["fail", "warn", "ignore"]),
+        stop_timeout=dict(type="float", default=60),
+    )
+
+
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            name=dict(type="str", required=True),
-            state=dict(type="str", default="started", choices=["started", "stopped", "restarted"]),
-            args=dict(type="dict"),
-            version=dict(type="str", default="0.5.23"),
-            manager=dict(type="str", default="process", choices=["process", "systemd"]),
-            unit=dict(type="str"),
-            python=dict(type="str", default="python3"),
-            env=dict(type="dict", default={}),
-            chdir=dict(type="path"),
-            host=dict(type="str"),
-            port=dict(type="int"),
-            api_key=dict(type="str", no_log=True),
-            allow_api_key_in_argv=dict(type="bool", default=False),
-            state_dir=dict(type="path"),
-            pid_file=dict(type="path"),
-            log_file=dict(type="path"),
-            config_file=dict(type="path"),
-            health_path=dict(type="str", default="/health_generate"),
-            health_timeout=dict(type="float", default=1800),
-            keep_on_failure=dict(type="bool", default=False),
-            expect=dict(type="dict"),
-            on_override=dict(type="str", default="fail", choices=["fail", "warn", "ignore"]),
-            stop_timeout=dict(type="float", default=60),
-        ),
+        argument_spec=argument_spec(),
         required_if=[
             ("state", "started", ("args",)),
             ("state", "restarted", ("args",)),

@@ -1,6 +1,8 @@
 """Helpers for the sglang_launch integration tests: run the module through
-Ansible (ad-hoc, local connection, result from the ``tree`` callback), free
-ports, a minimal fake systemd (``systemctl``/``journalctl``) for the
+Ansible (ad-hoc, local connection, ``minimal`` output parsed; the ``json``
+stdout callback that conftest's ``run_module`` uses overwrites a result key
+named ``action`` with the module name, and sglang_launch returns ``action``),
+free ports, a minimal fake systemd (``systemctl``/``journalctl``) for the
 ``manager: systemd`` path, and clean-up of every process a test started, by
 PID (never by name or pattern)."""
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -33,7 +36,9 @@ def free_port():
 
 
 class Run(object):
-    """The outcome of one module run through Ansible."""
+    """The outcome of one module run through Ansible: ``result`` is the
+    module result as Ansible printed it, plus ``failed``, ``warnings`` (the
+    ``[WARNING]`` texts, whitespace-normalised) and ``_wall`` (seconds)."""
 
     def __init__(self, result, stdout, stderr, rc, elapsed):
         self.result = result
@@ -46,10 +51,6 @@ class Run(object):
     def failed(self):
         return bool(self.result.get("failed"))
 
-    @property
-    def msg(self):
-        return self.result.get("msg", "")
-
     def __getitem__(self, key):
         return self.result[key]
 
@@ -61,16 +62,20 @@ class Run(object):
         return "\n".join([json.dumps(self.result), self.stdout, self.stderr])
 
     def __repr__(self):
-        return "Run(rc=%s, elapsed=%.1f, result=%s)" % (self.rc, self.elapsed, json.dumps(self.result, indent=1)[:4000])
+        return "Run(rc=%s, elapsed=%.1f, result=%s, stderr=%s)" % (
+            self.rc, self.elapsed, json.dumps(self.result, indent=1)[:4000], self.stderr[-2000:])
 
 
-def run_module(params, tmp_path, check=False, diff=False, env=None, verbosity=0, timeout=300, module=MODULE):
-    """Run ``module`` with ``params`` on localhost through ``ansible`` and
-    return a :class:`Run` with the result Ansible recorded (secrets already
-    censored by Ansible's no_log handling, exactly what a user would see)."""
-    tree = pathlib.Path(tmp_path) / ("tree-%d" % time.monotonic_ns())
+_STATUS_RE = re.compile(r"^localhost \| (SUCCESS|CHANGED|FAILED!|UNREACHABLE!) => ", re.M)
+
+
+def run_module_raw(params, tmp_path, check=False, diff=False, env=None, verbosity=0, timeout=300, module=MODULE):
+    """Run ``module`` with ``params`` on localhost through ``ansible`` (ad-hoc,
+    ``minimal`` callback) and return a :class:`Run`. The result is what
+    Ansible printed, so secrets are already censored by its no_log handling:
+    exactly what a user sees."""
     cmd = [ANSIBLE, "localhost", "-i", "localhost,", "-c", "local", "-m", module, "-a", json.dumps(params),
-           "-e", "ansible_python_interpreter=%s" % sys.executable, "-t", str(tree)]
+           "-e", "ansible_python_interpreter=%s" % sys.executable]
     if check:
         cmd.append("--check")
     if diff:
@@ -78,16 +83,26 @@ def run_module(params, tmp_path, check=False, diff=False, env=None, verbosity=0,
     if verbosity:
         cmd.append("-" + "v" * verbosity)
     full_env = dict(os.environ)
+    full_env.update(env or {})
     full_env["ANSIBLE_COLLECTIONS_PATH"] = str(REPO / ".collections")
     full_env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
-    full_env.setdefault("ANSIBLE_LOCAL_TEMP", str(pathlib.Path(tmp_path) / "ansible-local"))
+    full_env["ANSIBLE_LOCAL_TEMP"] = str(pathlib.Path(tmp_path) / "ansible-local")
     full_env["ANSIBLE_NOCOLOR"] = "1"
-    full_env.update(env or {})
+    full_env["ANSIBLE_DEPRECATION_WARNINGS"] = "0"
+    full_env.pop("ANSIBLE_STDOUT_CALLBACK", None)
+    full_env.pop("ANSIBLE_LOAD_CALLBACK_PLUGINS", None)
     began = time.monotonic()
     proc = subprocess.run(cmd, cwd=str(REPO), env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
     elapsed = time.monotonic() - began
-    path = tree / "localhost"
-    result = json.loads(path.read_text()) if path.exists() else {"failed": True, "msg": "no result: " + proc.stdout + proc.stderr}
+    match = _STATUS_RE.search(proc.stdout)
+    if match is None:
+        raise AssertionError("no module result in the ansible output: rc=%d\nstdout=%s\nstderr=%s"
+                             % (proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:]))
+    result, dummy = json.JSONDecoder().raw_decode(proc.stdout[match.end():])
+    result["failed"] = match.group(1) in ("FAILED!", "UNREACHABLE!")
+    warnings = re.findall(r"\[WARNING\]: (.*?)(?=\n\S|\Z)", proc.stderr + "\n" + proc.stdout, re.S)
+    result["warnings"] = [" ".join(w.split()) for w in warnings]
+    result["_wall"] = elapsed
     return Run(result, proc.stdout, proc.stderr, proc.returncode, elapsed)
 
 

@@ -126,7 +126,7 @@ class Sim:
     def track_hold(self, pid: int) -> None:
         """Record a holder, its watcher and its forked children for teardown."""
         self.tracker.add(pid)
-        for h in self.status()["holds"]:
+        for h in self.node().holds():
             if h.get("pid") == pid:
                 if h.get("watcher_pid"):
                     self.tracker.add(h["watcher_pid"], reap=True)
@@ -166,7 +166,7 @@ class Sim:
         return [line.split(", ", 3) for line in r.lines]
 
     def bus(self, gpu: int) -> str:
-        return self.status()["gpus"][gpu]["pci_bus_id"]
+        return self.node().config()["gpus"][gpu]["pci_bus_id"]
 
 
 def wait_for(pred, timeout=5.0, interval=0.05, what="condition"):

@@ -283,6 +283,15 @@ class ServerArgs:
     def __setattr__(self, name, value):
         self.values[name] = value
 
+    def resolve_once(self, ctx) -> None:
+        """Run the resolution pipeline once (server_args.py:244-300, sglang.md §1.1)."""
+        from sglang.srt.resolution import resolve
+
+        resolve(self, ctx)
+
+    def log(self) -> None:
+        logger.info(f"server_args={self!r}")
+
     @property
     def launch_command(self) -> str:
         return " ".join(self.launch_argv)
@@ -301,12 +310,20 @@ class ServerArgs:
         return f"ServerArgs({body})"
 
 
-def prepare_server_args(argv: list, version: str, version_tuple) -> ServerArgs:
+def prepare_server_args(argv: list, version: str, version_tuple,
+                        configure_logging: bool = True) -> ServerArgs:
     """argv (without the program) -> ServerArgs; argparse exits 2 on errors."""
     parser = build_parser(version_tuple)
     if version_tuple >= (0, 5, 10) and "--config" in argv:
         argv = ConfigArgumentMerger(parser).merge_config_with_args(list(argv))
     ns = parser.parse_args(argv)
+    # Basic logging before resolution, so its warnings carry the real format
+    # "[%Y-%m-%d %H:%M:%S] message" (server_args.py prepare_server_args).
+    from sglang.srt.utils import configure_logger
+
+    if configure_logging:
+        configure_logger(ns.log_level, log_ms=(os.environ.get("SGLANG_LOG_MS") or "").lower()
+                         in ("1", "true"))
     values = {}
     for name, _n, _k, _d, _c in all_fields(version_tuple):
         if name not in values:

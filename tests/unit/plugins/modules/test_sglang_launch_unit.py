@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import stat
+import sys
 import threading
 import time
 
@@ -50,7 +51,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except BrokenPipeError:  # the client gave up (timeout test)
+            pass
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length", 0))
@@ -263,6 +267,115 @@ def test_read_log_offset_and_tail(tmp_path):
 
 
 # --------------------------------------------------------------------------
+# Spawn and stop, with small Python sleepers (every PID is killed at the end)
+# --------------------------------------------------------------------------
+
+@pytest.fixture
+def sleepers():
+    pids = []
+    yield pids
+    for pid in pids:
+        for member in [p for p, _s in sp.tree(pid)] + [pid]:
+            try:
+                os.kill(member, 9)
+            except OSError:
+                pass
+        sp.reap(pid)
+
+
+def _py(code):
+    return [sys.executable, "-c", code]
+
+
+def _wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_spawn_detached_session_fds_env_and_exit_code(tmp_path, sleepers):
+    log = tmp_path / "child.log"
+    code = ("import os, sys; print('fds', sorted(os.listdir('/proc/self/fd'))); print('sid', os.getsid(0) == os.getpid());"
+            "print('env', os.environ['X_TEST']); print('cwd', os.getcwd()); print('stdin', repr(sys.stdin.read()));"
+            "sys.stderr.write('to stderr\\n'); sys.exit(3)")
+    pid = sp.spawn_detached(_py(code), dict(os.environ, X_TEST="yes"), str(log), chdir=str(tmp_path))
+    sleepers.append(pid)
+    status = None
+    deadline = time.monotonic() + 10
+    while status is None and time.monotonic() < deadline:
+        status = sp.reap(pid)
+        time.sleep(0.02)
+    assert status == {"code": 3}
+    text = log.read_text()
+    assert "fds ['0', '1', '2', '3']" in text  # 3 is listdir's own descriptor
+    assert "sid True" in text and "env yes" in text and "cwd %s" % tmp_path in text
+    assert "stdin ''" in text and "to stderr" in text
+    assert sp.reap(pid) is None  # already collected / not our child any more
+
+
+def test_spawn_errors(tmp_path):
+    with pytest.raises(sp.SpawnError) as info:
+        sp.spawn_detached(["/nonexistent/python", "-V"], dict(os.environ), str(tmp_path / "log"))
+    assert "cannot execute /nonexistent/python" in str(info.value)
+    with pytest.raises(sp.SpawnError) as info:
+        sp.spawn_detached(_py("pass"), dict(os.environ), str(tmp_path / "no" / "dir" / "log"))
+    assert "cannot open log file" in str(info.value)
+
+
+SPAWNS_CHILD = ("import os, signal, subprocess, sys, time\n"
+                "if sys.argv[1] == 'stubborn':\n"
+                "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+                "print('child', child.pid, flush=True)\n"
+                "time.sleep(60)\n")
+
+
+def _spawn_parent(tmp_path, mode, sleepers):
+    log = tmp_path / ("%s.log" % mode)
+    pid = sp.spawn_detached(_py(SPAWNS_CHILD) + [mode], dict(os.environ), str(log))
+    sleepers.append(pid)
+    assert _wait_for(lambda: "child" in log.read_text())
+    child = int(log.read_text().split()[1])
+    return pid, child
+
+
+def test_tree_and_stop_with_escalation(tmp_path, sleepers):
+    pid, child = _spawn_parent(tmp_path, "stubborn", sleepers)
+    members = dict(sp.tree(pid))
+    assert list(members)[:1] == [pid] and child in members
+    assert sp.alive(pid, members[pid]) and not sp.alive(pid, members[pid] + 1)
+    assert "-c" in sp.cmdline(pid) and sp.starttime(pid) == members[pid]
+    report = sp.stop_tree(pid, timeout=0.3, is_child=True)
+    assert report["signalled"] == [pid]
+    assert sorted(report["killed"]) == sorted([pid, child])
+    assert sorted(report["exited"]) == sorted([pid, child]) and report["still_running"] == []
+    assert not sp.alive(pid) and not sp.alive(child)
+
+
+def test_stop_graceful_and_orphan_cleanup(tmp_path, sleepers):
+    pid, child = _spawn_parent(tmp_path, "polite", sleepers)
+    start = sp.starttime(pid)
+    report = sp.stop_tree(pid, start, timeout=5, is_child=True, orphan_grace=0.3)
+    # The parent exits on SIGTERM; its child ignores SIGTERM and is SIGKILLed as a session member.
+    assert report["signalled"] == [pid] and report["killed"] == [child]
+    assert sp.stop_tree(pid, start) == {"signalled": [], "killed": [], "exited": [], "still_running": [], "elapsed": 0.0}
+
+
+def test_kill_leftovers_of_a_dead_leader(tmp_path, sleepers):
+    pid, child = _spawn_parent(tmp_path, "polite", sleepers)
+    before = sp.tree(pid)
+    os.kill(pid, 9)
+    assert _wait_for(lambda: sp.reap(pid) is not None)
+    leftovers = sp.tree(pid)  # the orphan keeps the session id of its dead leader
+    assert [p for p, _s in leftovers] == [child] and (child, dict(before)[child]) in leftovers
+    killed, still = sp.kill_leftovers(leftovers)
+    assert killed == [child] and still == []
+
+
+# --------------------------------------------------------------------------
 # Comparison and normalisation
 # --------------------------------------------------------------------------
 
@@ -410,3 +523,311 @@ def test_norm_key_and_paths():
     assert m.norm_key("--speculative-num-steps") == "speculative_num_steps"
     assert m.is_path_arg("speculative_draft_model_path")
     assert not m.is_path_arg("tp_size")
+
+
+# --------------------------------------------------------------------------
+# The module flow, in-process, with a fake AnsibleModule and no processes
+# (process, HTTP and systemctl calls are replaced by fakes).
+# --------------------------------------------------------------------------
+
+class _Exit(Exception):
+    def __init__(self, result):
+        super().__init__(result.get("msg", ""))
+        self.result = result
+
+
+class _Fail(_Exit):
+    pass
+
+
+class FakeModule(object):
+    def __init__(self, params, check_mode=False, diff=False, responder=None):
+        defaults = dict((k, v.get("default")) for k, v in m.argument_spec().items())
+        self.params = dict(defaults, **params)
+        self.check_mode = check_mode
+        self._diff = diff
+        self.no_log_values = set()
+        self.warnings = []
+        self.commands = []
+        self.responder = responder or (lambda argv: (0, "", ""))
+
+    def warn(self, msg):
+        self.warnings.append(msg)
+
+    def fail_json(self, **kwargs):
+        raise _Fail(dict(kwargs, failed=True))
+
+    def exit_json(self, **kwargs):
+        raise _Exit(kwargs)
+
+    def run_command(self, argv, environ_update=None):
+        self.commands.append(list(argv))
+        return self.responder(list(argv))
+
+    def get_bin_path(self, name, required=False, opt_dirs=None):
+        return "/usr/bin/" + name
+
+
+FAKE_PID = 4000001
+INCIDENT = {"model_path": "/models/m", "speculative_algorithm": "EAGLE", "speculative_draft_model_path": "/d",
+            "speculative_eagle_topk": 1, "speculative_num_steps": 1, "speculative_num_draft_tokens": 16}
+
+
+class World(object):
+    """Fake processes (pid -> starttime), HTTP answers and systemd units."""
+
+    def __init__(self, monkeypatch, tmp_path):
+        self.tmp = tmp_path
+        self.procs = {}
+        self.cmdlines = {}
+        self.health = [200]
+        self.info = {}
+        self.info_status = {"/server_info": 200, "/get_server_info": 200}
+        self.spawned = []
+        self.unit_pid = 0
+        self.http_calls = []
+        self.exit_status = None
+        self.exit_after = 1
+        monkeypatch.setattr(m.sp, "alive", lambda pid, start=None: pid in self.procs and (start is None or self.procs[pid] == start))
+        monkeypatch.setattr(m.sp, "starttime", lambda pid: self.procs.get(pid))
+        monkeypatch.setattr(m.sp, "cmdline", lambda pid: self.cmdlines.get(pid, []))
+        monkeypatch.setattr(m.sp, "tree", lambda pid: [(p, s) for p, s in self.procs.items() if p == pid])
+        monkeypatch.setattr(m.sp, "reap", self.reap)
+        monkeypatch.setattr(m.sp, "spawn_detached", self.spawn)
+        monkeypatch.setattr(m.sp, "stop_tree", self.stop_tree)
+        monkeypatch.setattr(m.sp, "kill_leftovers", lambda members, grace=5.0: ([p for p, _s in members], []))
+        monkeypatch.setattr(m.http, "request", self.request)
+        monkeypatch.setattr(m, "port_in_use", lambda host, port, timeout=0.5: False)
+        monkeypatch.setattr(m.sockets, "port_listeners", lambda port: (False, []))
+        monkeypatch.setattr(m.time, "sleep", lambda s: None)
+
+    def reap(self, pid, block=False):
+        """The exit status once ``exit_after`` polls have passed."""
+        if self.exit_status is None:
+            return None
+        self.exit_after -= 1
+        return self.exit_status if self.exit_after < 0 else None
+
+    def spawn(self, argv, env, log_path, chdir=None):
+        pid = FAKE_PID + len(self.spawned)
+        self.spawned.append((argv, env, chdir))
+        self.procs[pid] = 100 + pid
+        self.cmdlines[pid] = list(argv)
+        with open(log_path, "a") as fh:
+            fh.write("INFO server_args=ServerArgs(api_key='%s')\n" % SECRET)
+            fh.write("WARNING speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+                     "speculative_eagle_topk == 1\n")
+        return pid
+
+    def stop_tree(self, pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False):
+        self.procs.pop(pid, None)
+        return {"signalled": [pid], "killed": [], "exited": [pid], "still_running": [], "elapsed": 0.01}
+
+    def request(self, method, url, body=None, api_key=None, timeout=10):
+        path = "/" + url.split("/", 3)[3]
+        self.http_calls.append((path, api_key))
+        if path.startswith("/health"):
+            status = self.health.pop(0) if len(self.health) > 1 else self.health[0]
+            if isinstance(status, Exception):
+                raise status
+            return status, {}, ""
+        status = self.info_status.get(path, 404)
+        return status, {}, dict(self.info, version="0.5.23") if status == 200 else {}
+
+    def systemctl(self, argv):
+        verb = argv[1]
+        if verb == "show":
+            active = bool(self.unit_pid)
+            return 0, "MainPID=%d\nActiveState=%s\nNeedDaemonReload=no\nResult=success\n" % (
+                self.unit_pid, "active" if active else "inactive"), ""
+        if verb == "start":
+            self.unit_pid = FAKE_PID + 50
+            self.procs[self.unit_pid] = 7
+            self.cmdlines[self.unit_pid] = ["/usr/bin/python3", "-m", "sglang.launch_server", "--other"]
+            return 0, "", ""
+        if verb == "stop":
+            self.procs.pop(self.unit_pid, None)
+            self.unit_pid = 0
+            return 0, "", ""
+        if verb == "-u":
+            return 0, "", ""
+        return 0, "journal line\n", ""
+
+
+@pytest.fixture
+def world(monkeypatch, tmp_path):
+    return World(monkeypatch, tmp_path)
+
+
+def run_launcher(params, check_mode=False, diff=False, responder=None):
+    module = FakeModule(params, check_mode=check_mode, diff=diff, responder=responder)
+    with pytest.raises(_Exit) as info:
+        m.Launcher(module).run()
+    return info.value.result, module
+
+
+def base_params(tmp_path, **extra):
+    params = {"name": "unit", "args": dict(INCIDENT, port=31111), "state_dir": str(tmp_path / "state"),
+              "python": "/bin/sh", "health_timeout": 5, "on_override": "ignore"}
+    params.update(extra)
+    return params
+
+
+def test_flow_check_mode_plans_and_starts_nothing(world, tmp_path):
+    result, module = run_launcher(base_params(tmp_path, api_key=SECRET), check_mode=True, diff=True)
+    assert result["changed"] and result["action"] == "start"
+    assert result["argv"][-2:] == ["--config", str(tmp_path / "state" / "config.yaml")]
+    assert "--api-key" not in result["argv"] and SECRET not in json.dumps(result)
+    assert result["diff"]["before"] == "" and 'api-key: "********"' in result["diff"]["after"]
+    assert not world.spawned and not (tmp_path / "state").exists()
+    assert SECRET in module.no_log_values
+
+
+def test_flow_start_verify_idempotent_restart_stop(world, tmp_path):
+    world.info = dict(INCIDENT, speculative_num_draft_tokens=2, port=31111, api_key=SECRET)
+    world.health = [http_refused(), 503, 200]
+    params = base_params(tmp_path, api_key=SECRET, env={"HF_TOKEN": "hf-secret", "A": "1"})
+    result, module = run_launcher(params)
+    assert result["action"] == "start" and result["pid"] == FAKE_PID
+    assert result["overrides"][0]["arg"] == "speculative_num_draft_tokens"
+    assert result["log_warnings"][0]["arg"] == "speculative_num_draft_tokens"
+    assert result["effective"]["api_key"] == "********"
+    assert result["server_info_endpoint"] == "/server_info" and result["version"] == "0.5.23"
+    assert "startup_s" in result and SECRET not in json.dumps(result)
+    assert stat.S_IMODE(os.stat(tmp_path / "state" / "config.yaml").st_mode) == 0o600
+    assert ("/server_info", SECRET) in world.http_calls
+    argv, env, dummy = world.spawned[0]
+    assert env["HF_TOKEN"] == "hf-secret" and "hf-secret" in module.no_log_values
+    record = sp.read_state(str(tmp_path / "state" / "server.state.json"))
+    assert record["pid"] == FAKE_PID and record["env"]["HF_TOKEN"] == "********"
+    assert SECRET not in json.dumps(record)
+
+    again, dummy = run_launcher(params)
+    assert again["changed"] is False and again["action"] == "none" and again["pid"] == FAKE_PID
+    assert "startup_s" not in again and len(world.spawned) == 1
+
+    changed = dict(params, args=dict(params["args"], mem_fraction_static=0.8))
+    result, dummy = run_launcher(changed, check_mode=True, diff=True)
+    assert result["action"] == "restart" and "--mem-fraction-static 0.8" in result["diff"]["after"]
+    assert "--mem-fraction-static" not in result["diff"]["before"]
+    result, dummy = run_launcher(changed)
+    assert result["action"] == "restart" and result["pid"] == FAKE_PID + 1
+    assert result["stop"]["signalled"] == [FAKE_PID]
+
+    stopped, dummy = run_launcher(dict(changed, state="stopped"))
+    assert stopped["changed"] and stopped["action"] == "stop"
+    assert not (tmp_path / "state" / "server.pid").exists()
+    stopped, dummy = run_launcher(dict(changed, state="stopped"))
+    assert stopped["changed"] is False and stopped["action"] == "none"
+
+
+def http_refused():
+    return h.ConnectionRefused("http://x/health", "connection refused")
+
+
+def test_flow_on_override_fail_leaves_server_running(world, tmp_path):
+    world.info = dict(INCIDENT, speculative_num_draft_tokens=2, port=31111)
+    with pytest.raises(_Fail) as info:
+        m.Launcher(FakeModule(base_params(tmp_path, on_override="fail"))).run()
+    res = info.value.result
+    assert res["pid"] == FAKE_PID and FAKE_PID in world.procs
+    assert ("speculative_num_draft_tokens: intended 16, running 2 \u2014 SGLang sets it to num_steps + 1 when "
+            "speculative_eagle_topk == 1; set speculative_num_steps: 15") in res["msg"]
+    assert "left running (pid %d)" % FAKE_PID in res["msg"]
+    assert "SGLang logged" in res["msg"]
+
+
+def test_flow_on_override_warn(world, tmp_path):
+    world.info = dict(INCIDENT, speculative_num_draft_tokens=2, port=31111)
+    result, module = run_launcher(base_params(tmp_path, on_override="warn"))
+    assert result["overrides"] and any("intended 16, running 2" in w for w in module.warnings)
+
+
+def test_flow_crash_before_healthy(world, tmp_path):
+    world.health = [http_refused()]
+    world.exit_status = {"code": 3}
+    with pytest.raises(_Fail) as info:
+        m.Launcher(FakeModule(base_params(tmp_path, api_key=SECRET))).run()
+    res = info.value.result
+    assert "exited with code 3" in res["msg"] and res["last_status"] == "refused"
+    assert any("api_key='********'" in line for line in res["log_tail"])
+    assert SECRET not in json.dumps(res)
+    assert "pid" not in res
+
+
+def test_flow_timeout_stops_unless_keep(world, tmp_path):
+    world.health = [503]
+    with pytest.raises(_Fail) as info:
+        m.Launcher(FakeModule(base_params(tmp_path, health_timeout=0.05))).run()
+    res = info.value.result
+    assert "did not become healthy within 0.05 s" in res["msg"] and "stopped it" in res["msg"]
+    assert res["last_status"] == "HTTP 503" and res["stop"]["signalled"] == [FAKE_PID]
+    with pytest.raises(_Fail) as info:
+        m.Launcher(FakeModule(base_params(tmp_path, health_timeout=0.05, keep_on_failure=True))).run()
+    assert "left it running" in info.value.result["msg"] and info.value.result["pid"] in world.procs
+
+
+def test_flow_get_server_info_fallback_and_auth_errors(world, tmp_path):
+    world.info = dict(INCIDENT, port=31111)
+    world.info_status = {"/get_server_info": 200}
+    result, dummy = run_launcher(base_params(tmp_path))
+    assert result["server_info_endpoint"] == "/get_server_info"
+    world.info_status = {"/server_info": 401}
+    with pytest.raises(_Fail) as info:
+        m.Launcher(FakeModule(base_params(tmp_path, state="restarted"))).run()
+    assert "wants an API key" in info.value.result["msg"]
+
+
+def test_flow_old_version_puts_key_only_where_allowed(world, tmp_path):
+    params = base_params(tmp_path, version="0.5.1", api_key=SECRET, args={"model_path": "/m", "port": 31111})
+    with pytest.raises(_Fail) as info:
+        m.Launcher(FakeModule(params)).run()
+    assert "allow_api_key_in_argv" in info.value.result["msg"] and not world.spawned
+    result, module = run_launcher(dict(params, allow_api_key_in_argv=True), check_mode=True)
+    assert result["argv"][-2:] == ["--api-key", "********"] and result["config_file"] is None
+    assert any("ps" in w for w in module.warnings)
+
+
+def test_flow_blockers_are_reported_together(world, tmp_path):
+    params = base_params(tmp_path, name="bad name", port=1, args={"model_path": "/m", "port": 2, "bogus_flag": 1},
+                         version="0.3.0", python="/nonexistent/python", chdir="/nonexistent")
+    with pytest.raises(_Fail) as info:
+        m.Launcher(FakeModule(params)).run()
+    msg = info.value.result["msg"]
+    for part in ("name 'bad name'", "port=1 conflicts", "version:", "python: /nonexistent/python", "chdir:"):
+        assert part in msg, part
+
+
+def test_flow_port_owner_blocks_start(world, tmp_path, monkeypatch):
+    monkeypatch.setattr(m.sockets, "port_listeners", lambda port: (True, [FAKE_PID + 9]))
+    world.cmdlines[FAKE_PID + 9] = ["nginx", "-g", "daemon off;"]
+    with pytest.raises(_Fail) as info:
+        m.Launcher(FakeModule(base_params(tmp_path))).run()
+    assert "already in use by pid %d (nginx" % (FAKE_PID + 9) in info.value.result["msg"]
+    assert not world.spawned
+    result, module = run_launcher(base_params(tmp_path), check_mode=True)
+    assert any("in use" in w for w in module.warnings)
+
+
+def test_flow_systemd_start_none_stop(world, tmp_path):
+    params = base_params(tmp_path, manager="systemd", args={"model_path": "/m", "port": 31111})
+    world.info = {"model_path": "/m", "port": 31111}
+    result, module = run_launcher(params, responder=world.systemctl)
+    assert result["action"] == "start" and result["pid"] == FAKE_PID + 50
+    assert ["/usr/bin/systemctl", "start", "sglang-unit.service"] in module.commands
+    assert any("ExecStart" in w for w in module.warnings)
+    again, module = run_launcher(params, responder=world.systemctl)
+    assert again["action"] == "none" and not any(c[1] == "start" for c in module.commands)
+    stopped, module = run_launcher(dict(params, state="stopped"), responder=world.systemctl)
+    assert stopped["action"] == "stop" and ["/usr/bin/systemctl", "stop", "sglang-unit.service"] in module.commands
+
+
+def test_flow_systemd_unit_without_main_pid(world, tmp_path):
+    def responder(argv):
+        if argv[1] == "show":
+            return 0, "MainPID=0\nActiveState=failed\nResult=exit-code\nExecMainStatus=1\n", ""
+        return 0, "boom from journal\n", ""
+    params = base_params(tmp_path, manager="systemd", args={"model_path": "/m"})
+    with pytest.raises(_Fail) as info:
+        m.Launcher(FakeModule(params, responder=responder)).run()
+    assert "has no main process" in info.value.result["msg"] and "boom from journal" in info.value.result["msg"]

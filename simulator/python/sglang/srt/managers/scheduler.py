@@ -1,0 +1,232 @@
+"""Scheduler child process (``sglang::scheduler[_DP<d>][_TP<n>]``).
+
+Started by the main process with ``utils.spawn_child`` (argv == [title]).
+It holds the simulated GPU memory of its TP rank through ``gpusim``
+(sglang.md §3.1: "They hold the GPU memory"), in two steps like the real
+loader: weights first, then the KV cache plus CUDA graphs/context.  Protocol
+with the parent (JSON lines over an inherited socketpair):
+
+* child -> parent ``{"event": "ready", ...}`` once loaded;
+* parent -> child ``{"cmd": "shutdown"}`` (the 0.5.23 ShutdownReq): the
+  scheduler waits ``SGLANG_SIM_SHUTDOWN_S``, releases its holds
+  (``node.release``, a graceful cudaFree) and exits 0.
+
+On an exception it logs "Scheduler hit an exception: <traceback>" and sends
+SIGQUIT to its parent (scheduler.py:6360-6373).  It calls
+prctl(PR_SET_PDEATHSIG, SIGKILL) first, so it dies with the main process.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+import traceback
+
+from sglang.srt import utils
+
+logger = logging.getLogger("sglang.srt.managers.scheduler")
+
+
+class OutOfMemoryError(RuntimeError):
+    """Stand-in for ``torch.OutOfMemoryError`` (prints as such in tracebacks)."""
+
+
+OutOfMemoryError.__module__ = "torch"
+OutOfMemoryError.__qualname__ = "OutOfMemoryError"
+
+
+def get_exception_traceback() -> str:
+    etype, value, tb = sys.exc_info()
+    return "".join(traceback.format_exception(etype, value, tb))
+
+
+def _gib(mib: float) -> float:
+    return mib / 1024.0
+
+
+class ModelRunner:
+    """Loads the 'model': registers GPU memory with the simulated node."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.gpu_id = cfg["gpu"]
+        self.holds = []
+        self.dev_files = []
+        from gpusim.node import Node
+
+        self.node = Node.from_env()
+
+    def _free_mib(self) -> int:
+        for g in self.node.gpus():
+            if g["index"] == self.gpu_id:
+                return int(g["free_mib"])
+        raise RuntimeError(f"CUDA error: invalid device ordinal (GPU {self.gpu_id})")
+
+    def _allocate(self, mib: int) -> None:
+        from gpusim.node import OutOfMemory
+
+        try:
+            hid = self.node.hold(os.getpid(), [self.gpu_id], int(mib),
+                                 release_delay=self.cfg["kill_release_s"],
+                                 stuck=self.cfg["stuck"])
+        except OutOfMemory as e:
+            others = []
+            for h in self.node.holds():
+                if h.get("listed") and self.gpu_id in h.get("gpus", ()) and h.get("pid"):
+                    others.append("Process %d has %.2f GiB memory in use."
+                                  % (h["pid"], _gib(h["mib"])))
+            raise OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity of "
+                "%.2f GiB of which %.2f GiB is free. %s Of the allocated memory 0 bytes is "
+                "allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. If "
+                "reserved but unallocated memory is large try setting "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+                "documentation for Memory Management  "
+                "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+                % (_gib(e.requested_mib), self.gpu_id, _gib(e.total_mib), _gib(e.free_mib),
+                   " ".join(others) or "")) from None
+        self.holds.append(hid)
+
+    def _open_device_files(self) -> None:
+        # A CUDA process keeps /dev/nvidia<N>, /dev/nvidiactl and /dev/nvidia-uvm open.
+        for name in ("nvidia%d" % self.gpu_id, "nvidiactl", "nvidia-uvm"):
+            path = os.path.join(self.node.dev_dir, name)
+            try:
+                self.dev_files.append(open(path, "rb"))
+            except OSError:
+                pass
+
+    def load_model(self) -> None:
+        cfg = self.cfg
+        self._open_device_files()
+        logger.info(f"Load weight begin. avail mem={_gib(self._free_mib()):.2f} GB")
+        self._allocate(cfg["weights_mib"])
+        if cfg["crash_on_load"]:
+            raise RuntimeError(
+                "Error(s) in loading state_dict for %s: size mismatch for "
+                "model.layers.0.self_attn.qkv_proj.weight (SGLANG_SIM_CRASH_ON_LOAD)"
+                % cfg["arch"])
+        if cfg["hang_load"]:
+            while True:  # SGLANG_SIM_HANG=load: stuck in the loader, never ready
+                time.sleep(3600)
+        time.sleep(cfg["startup_s"])
+        logger.info(
+            f"Load weight end. type={cfg['arch']}, dtype=torch.bfloat16, "
+            f"avail mem={_gib(self._free_mib()):.2f} GB, mem usage={_gib(cfg['weights_mib']):.2f} GB.")
+
+    def init_memory_pool(self) -> None:
+        cfg = self.cfg
+        self._allocate(cfg["kv_mib"])
+        kv_gb = _gib(cfg["kv_cache_mib"]) / 2
+        logger.info(f"KV Cache is allocated. #tokens: {cfg['max_total_num_tokens']}, "
+                    f"K size: {kv_gb:.2f} GB, V size: {kv_gb:.2f} GB")
+        logger.info(f"Memory pool end. avail mem={_gib(self._free_mib()):.2f} GB")
+
+    def release(self) -> None:
+        for hid in self.holds:
+            self.node.release(hid)
+        self.holds = []
+
+
+class Scheduler:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.model_runner = ModelRunner(cfg)
+        self.model_runner.load_model()
+        self.model_runner.init_memory_pool()
+        if cfg.get("cuda_graph"):
+            logger.info("Capture cuda graph begin. This can take up to several minutes. "
+                        f"avail mem={_gib(self.model_runner._free_mib()):.2f} GB")
+            logger.info("Capture cuda graph end. Time elapsed: 0.01 s. "
+                        f"mem usage={_gib(cfg['overhead_mib']):.2f} GB. "
+                        f"avail mem={_gib(self.model_runner._free_mib()):.2f} GB.")
+
+    def get_init_info(self) -> dict:
+        cfg = self.cfg
+        return {"event": "ready", "status": "ready", "pid": os.getpid(),
+                "max_total_num_tokens": cfg["max_total_num_tokens"],
+                "max_req_input_len": cfg["max_req_input_len"]}
+
+    def run_event_loop(self, chan) -> None:
+        cfg = self.cfg
+        crash_at = None
+        if cfg.get("crash_after_s", -1) >= 0:
+            crash_at = time.monotonic() + cfg["crash_after_s"]
+        while True:
+            timeout = 0.5
+            if crash_at is not None:
+                timeout = max(0.0, min(timeout, crash_at - time.monotonic()))
+            try:
+                msg = chan.recv(timeout=timeout)
+            except socket.timeout:
+                msg = {}
+            if crash_at is not None and time.monotonic() >= crash_at:
+                self._hard_crash()
+            if msg is None:
+                # The parent closed its end: it is exiting.  PDEATHSIG normally
+                # kills us first; leave without a graceful release.
+                os._exit(0)
+            if msg.get("cmd") == "shutdown":
+                time.sleep(cfg["shutdown_s"])  # SGLANG_SIM_SHUTDOWN_S
+                self.model_runner.release()
+                return
+
+    def _hard_crash(self) -> None:
+        # SGLANG_SIM_CRASH_AFTER_S: a C++-level failure (NCCL watchdog ->
+        # std::terminate) that no Python handler sees: the process dies by
+        # SIGABRT and only the SubprocessWatchdog (0.5.10+) notices (§3.3).
+        logger.error("[PG ID 0 PG GUID 0(default_pg) Rank %d] Watchdog caught collective "
+                     "operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE) ran for 600000 "
+                     "milliseconds before timing out. (SGLANG_SIM_CRASH_AFTER_S)"
+                     % self.cfg["tp_rank"])
+        sys.stderr.flush()
+        try:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        except (ValueError, OSError):
+            pass
+        signal.signal(signal.SIGABRT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGABRT)
+        time.sleep(5)
+        os._exit(134)
+
+
+def child_bootstrap():
+    """Common start of every child: PDEATHSIG, parent check, title, logging, channel."""
+    utils.kill_itself_when_parent_died()
+    cfg = json.loads(os.environ.pop("SGLANG_SIM_CHILD"))
+    fd = int(os.environ.pop("SGLANG_SIM_CHILD_FD"))
+    if os.getppid() != cfg["ppid"]:
+        os._exit(1)  # the parent died before PDEATHSIG was armed
+    utils.set_process_name(cfg["title"])
+    utils.configure_logger(cfg.get("log_level", "info"), cfg.get("log_prefix", ""),
+                           cfg.get("log_ms", False))
+    sock = socket.socket(fileno=fd)
+    return cfg, utils.JsonLines(sock)
+
+
+def run_scheduler_process():
+    cfg, chan = child_bootstrap()
+    scheduler = None
+    try:
+        scheduler = Scheduler(cfg)
+        chan.send(scheduler.get_init_info())
+        scheduler.run_event_loop(chan)
+    except Exception:
+        tb = get_exception_traceback()
+        logger.error(f"Scheduler hit an exception: {tb}")
+        try:
+            os.kill(cfg["ppid"], signal.SIGQUIT)
+        except OSError:
+            pass
+        # Like the real process function, return normally after signalling.
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    run_scheduler_process()

@@ -1,0 +1,328 @@
+"""Request bookkeeping of the fake server (the TokenizerManager's role).
+
+Runs in the main process.  Requests are served by HTTP handler threads; each
+``generate`` call really takes ``verify_steps * step_seconds * TIME_SCALE``
+wall seconds (``spec_model``), counts as running while it holds one of the
+``max_running_requests`` slots of its DP rank and as waiting before that, so
+``/v1/loads``, ``/metrics`` and the SIGTERM drain (sglang.md §3.2) see real
+in-flight numbers.  Reported latencies and throughputs are in *simulated*
+seconds (wall time / ``SGLANG_SIM_TIME_SCALE``), so they do not depend on the
+time scale used by a test.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import random
+import threading
+import time
+import uuid
+
+logger = logging.getLogger("sglang.srt.managers.tokenizer_manager")
+
+WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with",
+         "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which",
+         "but", "have", "an", "had", "they", "you", "were", "their", "one", "all", "we",
+         "can", "her", "has", "there", "been", "if", "more", "when", "will", "would", "who",
+         "so", "no", "GPU", "model", "token", "server", "draft", "verify", "kernel", "cache")
+
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
+
+
+class ServerStatus:
+    Starting = "Starting"
+    Up = "Up"
+    UnHealthy = "UnHealthy"
+
+
+class AbortedError(Exception):
+    pass
+
+
+class ReqState:
+    def __init__(self, rid, dp_rank, prompt_tokens, health=False):
+        self.rid = rid
+        self.dp_rank = dp_rank
+        self.prompt_tokens = prompt_tokens
+        self.health = health
+        self.running = False
+        self.generated = 0
+        self.rate = 0.0
+        self.abort = threading.Event()
+        self.created = time.time()
+
+
+class TokenizerManager:
+    def __init__(self, server_args, knobs, model_config, spec_model, dp_size, max_total_num_tokens):
+        self.server_args = server_args
+        self.knobs = knobs
+        self.model_config = model_config
+        self.spec = spec_model
+        self.dp_size = max(1, int(dp_size))
+        self.max_total_num_tokens = max_total_num_tokens
+        mrr = server_args.max_running_requests
+        self.max_running_per_dp = max(1, (mrr // self.dp_size) if mrr else 4096)
+        self.lock = threading.Condition()
+        self.server_status = ServerStatus.Starting
+        self.gracefully_exit = False
+        self.paused = False
+        self.first_request_hook = None
+        self._first_request_done = False
+        self.rid_to_state = {}
+        self.running = [0] * self.dp_size
+        self.waiting = [0] * self.dp_size
+        self._rr = 0
+        self.rng = random.Random(knobs.seed)
+        self._req_counter = 0
+        self.seen_prompts = set()
+        self.schedulers_alive = lambda: True
+        self.last_receive_tstamp = 0.0
+        # cumulative statistics
+        self.num_requests_total = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.cached_tokens_total = 0
+        self.spec_accepted_total = 0   # tokens produced by verify steps
+        self.spec_verify_total = 0
+        self.spec_correct_total = 0
+        self.spec_proposed_total = 0
+        self.window = collections.deque(maxlen=max(1, int(server_args.decode_log_interval or 40)) * 8)
+        self.decode_steps_total = 0
+        self.last_gen_throughput = 0.0
+        self.e2e_hist = [0] * (len(E2E_BUCKETS) + 1)
+        self.e2e_sum = 0.0
+        self.e2e_count = 0
+
+    # ------------------------------------------------------------------ status
+    def is_ready(self) -> bool:
+        return self.server_status == ServerStatus.Up and not self.paused and not self.gracefully_exit
+
+    def num_running(self) -> int:
+        with self.lock:
+            return sum(self.running)
+
+    def num_waiting(self) -> int:
+        with self.lock:
+            return sum(self.waiting)
+
+    def used_tokens(self, dp_rank=None) -> int:
+        with self.lock:
+            return sum(s.prompt_tokens + s.generated for s in self.rid_to_state.values()
+                       if s.running and (dp_rank is None or s.dp_rank == dp_rank))
+
+    def gen_throughput(self) -> float:
+        with self.lock:
+            running = [s.rate for s in self.rid_to_state.values() if s.running and not s.health]
+        if running:
+            return float(sum(running))
+        return self.last_gen_throughput
+
+    def window_accept(self):
+        """(accept_length, accept_rate) over the last logging window."""
+        with self.lock:
+            steps = list(self.window)
+        if not steps or not self.spec.enabled:
+            return 0.0, 0.0
+        accepted = sum(steps)
+        proposed = len(steps) * max(1, (self.spec.num_draft_tokens or 1) - 1)
+        return accepted / len(steps), (accepted - len(steps)) / proposed
+
+    def avg_spec_accept_length(self):
+        with self.lock:
+            if not self.spec.enabled or self.spec_verify_total == 0:
+                return None
+            return self.spec_accepted_total / self.spec_verify_total
+
+    # ---------------------------------------------------------------- tokens
+    @staticmethod
+    def count_prompt_tokens(text=None, input_ids=None) -> int:
+        if input_ids is not None:
+            return max(1, len(input_ids))
+        text = text or ""
+        return max(1, (len(text) + 3) // 4)
+
+    def _token_words(self, rid: str, n: int):
+        h = int(hashlib.sha256(("%s:%d" % (rid, self.knobs.seed)).encode()).hexdigest()[:12], 16)
+        r = random.Random(h)
+        ids = [r.randrange(1000, 32000) for _ in range(n)]
+        words = [WORDS[i % len(WORDS)] for i in ids]
+        return ids, words
+
+    # -------------------------------------------------------------- generate
+    def _on_first_request(self):
+        with self.lock:
+            if self._first_request_done:
+                return
+            self._first_request_done = True
+        hook = self.first_request_hook
+        if hook is not None:
+            hook()
+
+    def abort_request(self, rid=None, abort_all=False) -> int:
+        n = 0
+        with self.lock:
+            for state in self.rid_to_state.values():
+                if abort_all or state.rid == rid:
+                    state.abort.set()
+                    n += 1
+        return n
+
+    def generate(self, rid, prompt_tokens, max_new_tokens, on_progress=None, health=False,
+                 prompt_key=None):
+        """Run one request; returns ``(output_ids, text, meta_info)``.
+
+        ``on_progress(output_ids, text, meta_partial)`` is called after each
+        verify step group when streaming.
+        """
+        self._on_first_request()
+        rid = rid or uuid.uuid4().hex
+        max_new_tokens = max(0, int(max_new_tokens))
+        with self.lock:
+            if rid in self.rid_to_state:
+                raise ValueError(f"Duplicate request ID detected: {rid}")
+            dp_rank = self._rr % self.dp_size
+            self._rr += 1
+            state = ReqState(rid, dp_rank, prompt_tokens, health)
+            self.rid_to_state[rid] = state
+            self.waiting[dp_rank] += 1
+            while ((self.running[dp_rank] >= self.max_running_per_dp or self.paused)
+                   and not state.abort.is_set()):
+                self.lock.wait(0.05)
+            self.waiting[dp_rank] -= 1
+            self.running[dp_rank] += 1
+            state.running = True
+            # Radix cache: a prompt seen before is served from cache except its last token.
+            cached = 0
+            if prompt_key is not None and not health:
+                if prompt_key in self.seen_prompts:
+                    cached = max(0, prompt_tokens - 1)
+                else:
+                    self.seen_prompts.add(prompt_key)
+            self._req_counter += 1
+            plan = self.spec.plan(max_new_tokens, self.rng)
+            running_now, queued_now = sum(self.running), sum(self.waiting)
+        t0 = time.time()
+        if not health:
+            logger.info(f"Prefill batch. #new-seq: 1, #new-token: {prompt_tokens}, "
+                        f"#cached-token: {cached}, token usage: "
+                        f"{self._token_usage():.2f}, #running-req: {running_now - 1}, "
+                        f"#queue-req: {queued_now},")
+        step_s = self.spec.step_seconds()
+        sim_elapsed = 0.0
+        ids, words = self._token_words(rid, max_new_tokens)
+        produced = 0
+        aborted = False
+        i = 0
+        try:
+            if plan:
+                state.rate = (sum(plan) / (len(plan) * step_s)) if step_s > 0 else 0.0
+            # Sleep in slices: per verify step when streaming, else in ~50 ms slices.
+            slice_steps = 1 if on_progress else max(1, int(0.05 / max(1e-9, step_s * self.knobs.time_scale)))
+            while i < len(plan):
+                chunk = plan[i:i + slice_steps]
+                wall = self.knobs.sleep_s(len(chunk) * step_s)
+                if state.abort.wait(wall) if wall > 0 else state.abort.is_set():
+                    aborted = True
+                    break
+                produced += sum(chunk)
+                sim_elapsed += len(chunk) * step_s
+                i += len(chunk)
+                with self.lock:
+                    state.generated = produced
+                    self.last_receive_tstamp = time.time()
+                if on_progress is not None:
+                    on_progress(ids[:produced], " " + " ".join(words[:produced]) if produced else "",
+                                i)
+        finally:
+            with self.lock:
+                state.running = False
+                self.running[dp_rank] -= 1
+                self.rid_to_state.pop(rid, None)
+                self.last_receive_tstamp = time.time()
+                self.lock.notify_all()
+        verify_ct = i
+        text = (" " + " ".join(words[:produced])) if produced else ""
+        meta = {"id": rid}
+        if aborted:
+            meta["finish_reason"] = {"type": "abort", "message": "Abort before prefill"
+                                     if produced == 0 else "Abort in waiting queue"}
+        else:
+            meta["finish_reason"] = {"type": "length", "length": max_new_tokens}
+        meta.update({"prompt_tokens": prompt_tokens, "weight_version": "default",
+                     "num_retractions": 0})
+        vt = self.knobs.vt
+        if vt >= (0, 5, 10):
+            meta["reasoning_tokens"] = 0
+        meta.update({"completion_tokens": produced, "cached_tokens": cached})
+        e2e = sim_elapsed if sim_elapsed > 0 else (time.time() - t0) / max(self.knobs.time_scale, 1e-9)
+        meta["e2e_latency"] = e2e
+        if self.spec.enabled and verify_ct > 0:
+            proposed = verify_ct * max(0, (self.spec.num_draft_tokens or 1) - 1)
+            correct = produced - verify_ct
+            if vt < (0, 4, 10):
+                meta["spec_verify_ct"] = verify_ct
+            elif proposed > 0:
+                meta["spec_accept_rate"] = correct / proposed
+                meta["spec_accept_length"] = produced / verify_ct
+                meta["spec_num_correct_drafts"] = correct
+                meta["spec_num_proposed_drafts"] = proposed
+                meta["spec_verify_ct"] = verify_ct
+                hist = [0] * (max(0, (self.spec.num_draft_tokens or 1) - 1) + 1)
+                for n in plan[:verify_ct]:
+                    hist[min(n - 1, len(hist) - 1)] += 1
+                meta["spec_correct_drafts_histogram"] = hist
+        if not health:
+            self._account(prompt_tokens, produced, cached, plan[:verify_ct], e2e)
+        return ids[:produced], text, meta
+
+    def _token_usage(self) -> float:
+        total = max(1, self.max_total_num_tokens or 1)
+        return min(1.0, self.used_tokens() / float(total))
+
+    def _account(self, prompt_tokens, produced, cached, steps, e2e):
+        line = None
+        with self.lock:
+            self.num_requests_total += 1
+            self.prompt_tokens_total += prompt_tokens
+            self.generation_tokens_total += produced
+            self.cached_tokens_total += cached
+            if e2e > 0 and produced > 0:
+                self.last_gen_throughput = produced / e2e
+            self.e2e_sum += e2e
+            self.e2e_count += 1
+            for bi, bound in enumerate(E2E_BUCKETS):
+                if e2e <= bound:
+                    self.e2e_hist[bi] += 1
+                    break
+            else:
+                self.e2e_hist[-1] += 1
+            if self.spec.enabled:
+                self.spec_accepted_total += sum(steps)
+                self.spec_verify_total += len(steps)
+                self.spec_correct_total += sum(steps) - len(steps)
+                self.spec_proposed_total += len(steps) * max(0, (self.spec.num_draft_tokens or 1) - 1)
+                self.window.extend(steps)
+            before = self.decode_steps_total
+            self.decode_steps_total += len(steps)
+            interval = max(1, int(self.server_args.decode_log_interval or 40))
+            if self.decode_steps_total // interval > before // interval:
+                line = self._decode_log_line()
+        if line:
+            logger.info(line)
+
+    def _decode_log_line(self) -> str:
+        parts = [f"Decode batch, #running-req: {sum(self.running)}",
+                 f"#token: {sum(s.prompt_tokens + s.generated for s in self.rid_to_state.values())}",
+                 "token usage: 0.00"]
+        if self.spec.enabled:
+            steps = list(self.window)
+            if steps:
+                acc = sum(steps) / len(steps)
+                rate = (sum(steps) - len(steps)) / (len(steps) * max(1, (self.spec.num_draft_tokens or 1) - 1))
+                parts.append(f"accept len: {acc:.2f}")
+                parts.append(f"accept rate: {rate:.2f}")
+        parts.append("cuda graph: True")
+        parts.append(f"gen throughput (token/s): {self.last_gen_throughput:.2f}")
+        parts.append(f"#queue-req: {sum(self.waiting)},")
+        return ", ".join(parts)
