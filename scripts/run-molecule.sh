@@ -71,10 +71,14 @@ fi
 export GPUFLEET_NODE_IMAGE
 
 destroy_all() {
-    local s
+    local s left
     for s in "${scenarios[@]}"; do
+        # molecule test destroys at its end; only act if containers are left.
+        left="$(podman ps -a -q --filter "label=gpufleet.scenario=$s" 2>/dev/null)"
+        [[ -z "$left" ]] && continue
+        say "destroying what is left of scenario $s"
         molecule destroy -s "$s" >/dev/null 2>&1 \
-            || say "warning: 'molecule destroy -s $s' failed; remove its containers by name with podman rm -f"
+            || say "warning: 'molecule destroy -s $s' failed; remove its containers by name: podman rm -f NAME"
     done
 }
 trap destroy_all EXIT

@@ -389,6 +389,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 LOG_TAIL_LINES = 40
 JOURNAL_LINES = 200
+MSG_LINE_MAX = 400
 PROBE_TIMEOUT = 30.0
 NAME_RE = re.compile(r"^[A-Za-z0-9_.@-]+$")
 # Server modules that mark where SGLang's own flags begin in a command line.
@@ -578,6 +579,12 @@ def port_in_use(host, port, timeout=0.5):
         finally:
             sock.close()
     return False
+
+
+def _short(lines):
+    """Log lines for a message: very long ones (SGLang's server_args=...) are cut."""
+    return "\n".join(line if len(line) <= MSG_LINE_MAX else line[:MSG_LINE_MAX] + " [... %d more characters]" % (
+        len(line) - MSG_LINE_MAX) for line in lines)
 
 
 def parse_properties(text):
@@ -992,7 +999,7 @@ class Launcher(object):
                 raise LaunchFailed(
                     "systemd unit %s has no main process right after start (ActiveState=%s, Result=%s, ExecMainStatus=%s). "
                     "Last log lines:\n%s" % (self.unit, props.get("ActiveState"), props.get("Result"), props.get("ExecMainStatus"),
-                                             "\n".join(self.log_tail(log_offset, started_wall))),
+                                             _short(self.log_tail(log_offset, started_wall))),
                     log_tail=self.log_tail(log_offset, started_wall))
         start = sp.starttime(pid)
         self.started_at = time.monotonic()
@@ -1039,6 +1046,7 @@ class Launcher(object):
     def log_tail(self, offset, since_wall=None):
         text = self.log_text(offset, since_wall)
         return [sp.mask_text(line, self.secrets) for line in sp.tail(text, LOG_TAIL_LINES)]
+
 
     # ---------------- health ----------------
 
@@ -1107,7 +1115,7 @@ class Launcher(object):
             raise LaunchFailed(
                 "SGLang server %s (pid %d) %s after %.1f s, before %s answered 2xx (last answer: %s).%s Last %d log lines:\n%s"
                 % (self.name, pid, how, waited, url, last,
-                   (" Killed leftover processes %s." % killed) if killed else "", len(tail), "\n".join(tail)),
+                   (" Killed leftover processes %s." % killed) if killed else "", len(tail), _short(tail)),
                 log_tail=tail, exit=exit_info, killed=killed)
         tail = self.log_tail(log_offset, since_wall)
         if started and not self.p["keep_on_failure"]:
@@ -1129,7 +1137,7 @@ class Launcher(object):
             what = "left it running (pid %d): this run did not start it" % pid
         raise LaunchFailed(
             "SGLang server %s did not become healthy within %s s: %s never answered 2xx (last answer: %s); %s. Last %d log lines:\n%s"
-            % (self.name, _num(timeout), url, last, what, len(tail), "\n".join(tail)),
+            % (self.name, _num(timeout), url, last, what, len(tail), _short(tail)),
             log_tail=tail)
 
     # ---------------- effective config ----------------

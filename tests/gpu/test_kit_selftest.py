@@ -572,3 +572,18 @@ def test_run_sh_sim_rehearsal_end_to_end(tmp_path):
     after = open(os.path.join(CAPTURES_DIR, Q.MANIFEST)).read() \
         if os.path.exists(os.path.join(CAPTURES_DIR, Q.MANIFEST)) else None
     assert after == manifest_before                              # the rehearsal never touches tests/gpu/captures
+    # The CPU unit test of the captures picks up real-GPU-style captures automatically:
+    # feed it the checked-in ones plus the rehearsal's.
+    merged = tmp_path / "captures"
+    shutil.copytree(CAPTURES_DIR, str(merged))
+    manifest = Q.load_manifest(str(merged))
+    for entry in caps:
+        shutil.copy(str(out / "captures" / entry["file"]), str(merged / entry["file"]))
+    manifest["captures"] = sorted(manifest["captures"] + caps, key=lambda e: e["file"])
+    (merged / Q.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    unit = os.path.join(REPO, "tests", "unit", "plugins", "module_utils", "test_gpu_captures.py")
+    run = subprocess.run([sys.executable, "-m", "pytest", unit, "-q", "-p", "no:cacheprovider", "-rs"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, cwd=REPO,
+                         env=dict(os.environ, GPUKIT_CAPTURES_DIR=str(merged)), timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "no real-GPU captures yet" not in run.stdout and " passed" in run.stdout

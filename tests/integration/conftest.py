@@ -25,6 +25,13 @@ Fixtures
     ``ansible localhost -c local -m gpufleet.sglang.NAME -a JSON`` and returns
     the module result as a dict, with ``failed`` always present and
     ``_wall`` (seconds the ansible command took) added.
+
+``run_play``
+    ``run_play(tasks, env, check=False, diff=False)`` runs the task list (plain
+    dicts, as in a playbook) in one ``ansible-playbook`` on localhost and
+    returns one result dict per task, in order. Ansible starts once, which
+    matters on a loaded 2-core CI machine. Add ``ignore_errors: true`` to a
+    task that is expected to fail when later tasks must still run.
 """
 from __future__ import annotations
 
@@ -300,16 +307,7 @@ def sim_node(tmp_path, procs):
 
 def _run_module(name, args, env, check=False, diff=False, timeout=300):
     fqcn = name if "." in name else "gpufleet.sglang." + name
-    run_env = dict(env)
-    run_env.update({
-        "ANSIBLE_STDOUT_CALLBACK": "json",
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS),
-        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-        "ANSIBLE_LOCALHOST_WARNING": "0",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
-        "ANSIBLE_NOCOLOR": "1",
-    })
+    run_env = _ansible_env(env)
     argv = [str(VENV_BIN / "ansible"), "localhost", "-c", "local", "-m", fqcn]
     if args:
         argv += ["-a", json.dumps(args)]
@@ -335,3 +333,52 @@ def _run_module(name, args, env, check=False, diff=False, timeout=300):
 @pytest.fixture
 def run_module():
     return _run_module
+
+
+def _ansible_env(env):
+    run_env = dict(env)
+    run_env.update({
+        "ANSIBLE_STDOUT_CALLBACK": "json",
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS),
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+        "ANSIBLE_LOCALHOST_WARNING": "0",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "0",
+    })
+    return run_env
+
+
+def _run_play(tasks, env, check=False, diff=False, timeout=600, tmp_dir=None):
+    play = [{"name": "integration", "hosts": "localhost", "connection": "local", "gather_facts": False,
+             "tasks": list(tasks)}]
+    if tmp_dir is None:
+        tmp_dir = pathlib.Path(env["GPUSIM_ROOT"]).parent if env.get("GPUSIM_ROOT") else pathlib.Path("/tmp")
+    directory = pathlib.Path(tmp_dir)
+    path = directory / ("play-%d-%d.yml" % (os.getpid(), time.monotonic_ns()))
+    path.write_text(json.dumps(play))            # JSON is YAML
+    argv = [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(path)]
+    if check:
+        argv.append("--check")
+    if diff:
+        argv.append("--diff")
+    start = time.monotonic()
+    proc = subprocess.run(argv, env=_ansible_env(env), capture_output=True, text=True, timeout=timeout,
+                          cwd=str(REPO))
+    wall = time.monotonic() - start
+    try:
+        data = json.loads(proc.stdout)
+        results = [t["hosts"]["localhost"] for t in data["plays"][0]["tasks"]]
+    except (ValueError, KeyError, IndexError) as exc:
+        raise AssertionError("cannot parse the ansible-playbook output (%s): rc=%d\nstdout=%s\nstderr=%s" % (
+            exc, proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:]))
+    for result in results:
+        result.setdefault("failed", False)
+        result["_wall"] = wall
+    return results
+
+
+@pytest.fixture
+def run_play():
+    return _run_play

@@ -80,7 +80,9 @@ def launch(sim_node, servers, models, tmp_path):
         if args is not None and "model_path" in args and args["model_path"] is None:
             full["args"].pop("model_path")
         full.update(params)
-        result = run_module_raw(full, tmp_path, check=check, diff=diff, env=sim_node.env).result
+        run = run_module_raw(full, tmp_path, check=check, diff=diff, env=sim_node.env)
+        result = run.result
+        result["_stdout"] = run.stdout  # the --diff text is printed, not part of the result
         if result.get("pid"):
             servers.add(result["pid"])
         servers.add_pid_file(os.path.join(full["state_dir"], "server.pid"))
@@ -135,6 +137,8 @@ def test_clean_launch_is_verified_and_idempotent(launch, models, tmp_path):
 
     changed = launch(args=dict(args, mem_fraction_static=0.7), diff=True)
     assert not changed["failed"], changed.get("msg")
+    assert "---" in changed["_stdout"] and "+argv: " in changed["_stdout"] and "-argv: " in changed["_stdout"]
+    assert "--mem-fraction-static 0.7" in changed["_stdout"]
     assert changed["changed"] is True and changed["action"] == "restart"
     assert changed["pid"] != pid and not _alive(pid)
     assert changed["stop"]["signalled"] == [pid] and changed["stop"]["still_running"] == []
@@ -266,7 +270,7 @@ def test_api_key_never_leaves_the_config_file(sim_node, models, servers, tmp_pat
     assert failed.failed and failed["log_tail"]
     crash_log = (tmp_path / "state2" / "server.log").read_text()
     assert SECRET in crash_log  # the server really printed it ...
-    assert any("server_args=" in line and "api_key='********'" in line for line in failed["log_tail"])
+    assert any("server_args=" in line and "'api_key': '********'" in line for line in failed["log_tail"])
     assert SECRET not in failed.everything()  # ... and the module masked it
 
 
@@ -300,7 +304,9 @@ def test_check_mode_starts_nothing(launch, tmp_path):
     assert not (tmp_path / "state").exists()
     assert not socket.socket().connect_ex(("127.0.0.1", launch.port())) == 0
     assert SECRET not in json.dumps(res)
-    assert res["diff"]["before"] == "" and "--model-path" in res["diff"]["after"]
+    diff = res["_stdout"]
+    assert "+++ after: t (intended)" in diff and "+argv: %s -m sglang.launch_server --model-path" % sys.executable in diff
+    assert '+  api-key: "********"' in diff
 
 
 def test_restarted_and_stopped(launch):

@@ -156,6 +156,10 @@ def _holder(node: "_node.Node", wfd: int, opts: dict, watcher: int) -> None:
 def _watcher(node: "_node.Node", wfd: int, opts: dict) -> None:
     try:
         _detach_stdio(keep={wfd})
+        try:
+            os.chdir("/")  # like any daemon: never pin the caller's directory
+        except OSError:
+            pass
         procfs.set_child_subreaper(True)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)

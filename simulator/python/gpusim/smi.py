@@ -420,8 +420,9 @@ def table(out, snap, sel):
     bar = "+" + "-" * 87 + "+"
     sep = "|" + "-" * 41 + "+" + "-" * 22 + "+" + "-" * 22 + "+"
     mid = "+" + "-" * 41 + "+" + "-" * 22 + "+" + "-" * 22 + "+"
-    out.w(time.strftime("%a %b %d %H:%M:%S %Y", time.localtime()).replace(" 0", "  ", 1)
-          + "       \n")
+    now = time.localtime()
+    out.w(time.strftime("%a %b ", now) + "%2d" % now.tm_mday
+          + time.strftime(" %H:%M:%S %Y", now) + "       \n")
     out.w(bar + "\n")
     out.w("| NVIDIA-SMI %-22s Driver Version: %-12s CUDA Version: %-9s|\n"
           % (ver, ver, _node.CUDA_VERSION))

@@ -172,7 +172,7 @@ class Engine:
             for i in range(local):
                 tp_rank = self.node_rank * local + i
                 slot = sa.base_gpu_id + (d * local + i) * sa.gpu_id_step
-                gpu = visible[slot] if 0 <= slot < len(visible) else -1 - slot
+                gpu = visible[slot] if 0 <= slot < len(visible) else None  # -> invalid device ordinal
                 prefix = ""
                 if dp_groups > 1:
                     prefix += f" DP{d}"
@@ -292,13 +292,15 @@ class Engine:
         self.kill_process_tree(include_parent=True)
 
     def _running_phase_sigquit(self, signum, frame):
-        logger.error(f"SIGQUIT received. {signum=}, {frame=}. It usually means one child failed.")
+        logger.error("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
         self._watchdog_stop.set()
         self.kill_process_tree(include_parent=True)
 
     def _sigterm_dispatch(self, signum, frame):
         if self._handlers_installed:
-            logger.warning(f"SIGTERM received. {signum=} {frame=}. Draining requests and "
+            # loop.add_signal_handler calls the handler without arguments, so the
+            # real line reads "signum=None frame=None" (tokenizer_manager.py:2453-2458).
+            logger.warning("SIGTERM received. signum=None frame=None. Draining requests and "
                            "shutting down...")
             self.tokenizer_manager.gracefully_exit = True
         else:

@@ -65,7 +65,10 @@ class ModelRunner:
         for g in self.node.gpus():
             if g["index"] == self.gpu_id:
                 return int(g["free_mib"])
-        raise RuntimeError(f"CUDA error: invalid device ordinal (GPU {self.gpu_id})")
+        # base_gpu_id + rank beyond CUDA_VISIBLE_DEVICES
+        raise RuntimeError("CUDA error: invalid device ordinal\nCUDA kernel errors might be "
+                           "asynchronously reported at some other API call, so the stacktrace "
+                           "below might be incorrect.")
 
     def _allocate(self, mib: int) -> None:
         from gpusim.node import OutOfMemory
