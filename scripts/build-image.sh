@@ -7,7 +7,8 @@
 # Two layers, so that a simulator change does not cost a debootstrap:
 #   localhost/gpufleet-base:<hash>  debootstrap --variant=minbase of Debian
 #       bookworm plus molecule/image/packages.txt, imported with podman import;
-#       hash of this script, the package list, suite and architecture.
+#       hash of the recipe (the build_base function below), the package
+#       list, suite and architecture.
 #   localhost/gpufleet-node:<hash>  FROM the base, with simulator/ in
 #       /opt/gpufleet-sim and the files of molecule/image/files/ (nvidia-smi
 #       and gpusim wrappers in /usr/local/bin, a .pth file for python3);
@@ -25,7 +26,8 @@
 #   GPUFLEET_DEBIAN_MIRROR  mirror for debootstrap; default: the URIs: line of
 #                           /etc/apt/sources.list.d/*.sources for the suite
 #   GPUFLEET_DEBIAN_SUITE   default bookworm
-#   TMPDIR                  where the root filesystem is assembled (/var/tmp)
+#   GPUFLEET_BUILD_DIR      where the root filesystem is assembled; needs a
+#                           filesystem without nodev/noexec (default /var/tmp)
 set -euo pipefail
 
 SCRIPT_PATH="$(readlink -f "${BASH_SOURCE[0]}")"
@@ -35,6 +37,7 @@ SIM_DIR="$REPO/simulator"
 SUITE="${GPUFLEET_DEBIAN_SUITE:-bookworm}"
 BASE_REPO="localhost/gpufleet-base"
 NODE_REPO="localhost/gpufleet-node"
+BUILD_DIR="${GPUFLEET_BUILD_DIR:-/var/tmp}"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$REPO/molecule/containers.conf}"
 
 say() { printf 'build-image: %s\n' "$*" >&2; }
@@ -48,7 +51,7 @@ for arg in "$@"; do
         --print) mode=print ;;
         --force) force=1 ;;
         --prune) prune=1 ;;
-        -h|--help) sed -n '2,31p' "$SCRIPT_PATH"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SCRIPT_PATH"; exit 0 ;;
         *) die "unknown argument '$arg' (see --help)" ;;
     esac
 done
@@ -116,7 +119,7 @@ build_base() {
     local mirror
     mirror="$(find_mirror)" \
         || die "no apt mirror for '$SUITE' in /etc/apt/sources.list.d/*.sources or sources.list; set GPUFLEET_DEBIAN_MIRROR"
-    ROOTFS="$(mktemp -d "${TMPDIR:-/var/tmp}/gpufleet-rootfs.XXXXXX")"
+    ROOTFS="$(mktemp -d "$BUILD_DIR/gpufleet-rootfs.XXXXXX")"
     trap 'cleanup_rootfs' EXIT
     local include
     include="$(IFS=,; printf '%s' "${PACKAGES[*]}")"
@@ -197,7 +200,7 @@ command -v runc >/dev/null 2>&1 || [[ -x /usr/sbin/runc ]] \
     || die "runc is not installed; run scripts/install-system-deps.sh (as root)"
 
 # One build at a time on this machine (the image store is shared).
-exec 9>"${TMPDIR:-/tmp}/gpufleet-build-image.lock"
+exec 9>"$BUILD_DIR/gpufleet-build-image.lock"
 flock 9
 
 t_start=$SECONDS
@@ -213,7 +216,7 @@ fi
 build_node() {
     [[ ${#SIM_FILES[@]} -gt 0 ]] || say "warning: $SIM_DIR has no files; the image has no simulator"
     local ctx t0=$SECONDS f
-    ctx="$(mktemp -d "${TMPDIR:-/var/tmp}/gpufleet-node-ctx.XXXXXX")"
+    ctx="$(mktemp -d "$BUILD_DIR/gpufleet-node-ctx.XXXXXX")"
     # shellcheck disable=SC2064
     trap "rm -rf '$ctx'" EXIT
     mkdir -p "$ctx/sim" "$ctx/files"

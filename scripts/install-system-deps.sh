@@ -28,7 +28,7 @@ check_only=0
 case "${1:-}" in
     --check) check_only=1 ;;
     "") ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "install-system-deps: unknown argument '$1' (use --check or nothing)" >&2; exit 2 ;;
 esac
 

@@ -21,7 +21,7 @@ cd "$REPO" || exit 1
 say() { printf 'run-molecule: %s\n' "$*" >&2; }
 
 if [[ $# -eq 0 ]]; then
-    sed -n '2,15p' "${BASH_SOURCE[0]}" >&2
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2
     exit 2
 fi
 

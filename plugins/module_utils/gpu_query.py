@@ -317,9 +317,12 @@ def parse_csv(text, fields):
         if first:
             first = False
             header = parse_header(line)
-            if header is not None and header[0][0] == fields[0] and len(header) == len(fields) \
-                    and set(h[0] for h in header) == set(fields):
-                columns = [h[0] for h in header]
+            if header is not None:
+                # A data row never parses as a header (values start with a
+                # digit, contain '-' or spaces), so this line is the header.
+                names = [h[0] for h in header]
+                if len(names) == len(fields) and set(names) == set(fields):
+                    columns = names
                 continue
         values = split_row(line, len(columns))
         if len(values) != len(columns):

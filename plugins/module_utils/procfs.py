@@ -624,10 +624,12 @@ class ProcessHandle(object):
         return stat is None or is_exited(stat['state'], stat['num_threads'])
 
     def send(self, sig):
-        """Send ``sig``; True when delivered, False when the process is gone.
+        """Send ``sig``; True when delivered, False when the process is gone (or a zombie).
 
         Raises OSError for anything else (e.g. EPERM).
         """
+        if self.gone():
+            return False
         if self.pidfd is not None:
             try:
                 signal.pidfd_send_signal(self.pidfd, sig)

@@ -33,9 +33,12 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
 
 MASK = procfs.MASK
 
-# Name components that make a key secret: api_key, admin_api_key, hf_token,
-# ssl_password, ... but not speculative_num_draft_tokens or tokenizer_path.
-_SECRET_COMPONENTS = frozenset(("key", "apikey", "token", "secret", "password", "passwd", "passphrase", "credential", "credentials"))
+# A key is secret when its last name component is one of these (api_key,
+# admin_api_key, hf_token, ssl_keyfile_password), or when it mentions a
+# password or secret anywhere; speculative_num_draft_tokens, tokenizer_path and
+# speculative_token_map are not secrets.
+_SECRET_LAST = frozenset(("key", "apikey", "token", "secret", "password", "passwd", "passphrase", "credential", "credentials"))
+_SECRET_ANY = frozenset(("password", "passwd", "secret", "apikey"))
 # key = 'value' / "key": "value" / key="value" where key looks secret.
 _SECRET_ASSIGN_RE = re.compile(
     r"""(?P<pre>(?P<q0>["']?)(?P<name>[A-Za-z0-9_.-]*(?:key|token|secret|password|passwd))(?P=q0)\s*[:=]\s*)"""
@@ -58,9 +61,9 @@ class SpawnError(Exception):
 # --------------------------------------------------------------------------
 
 def is_secret_name(name):
-    """True when a field name denotes a secret (see module docs for the rule)."""
-    parts = re.split(r"[^a-z0-9]+", str(name).lower())
-    return any(p in _SECRET_COMPONENTS for p in parts)
+    """True when a field or variable name denotes a secret (rule above)."""
+    parts = [p for p in re.split(r"[^a-z0-9]+", str(name).lower()) if p]
+    return bool(parts) and (parts[-1] in _SECRET_LAST or any(p in _SECRET_ANY for p in parts))
 
 
 def mask_text(text, secrets=()):

@@ -68,8 +68,9 @@ options:
     default: []
   exclude:
     description:
-      - Processes that are never signalled. Each entry is a Python regular expression matched with C(re.search)
-        against the full command line and in full against the process name (C(comm)).
+      - Processes that are never signalled. Each entry is a process name or a Python regular expression that must
+        match in full (C(re.fullmatch)) the process name (C(comm)), the basename of its executable (C(argv[0])) or
+        the whole command line; use C(.*) to match part of a command line, for example C(.*my_job\\.py.*).
       - The default protects the daemons that keep GPU device files open (nvidia-smi.md section 3.7). Setting
         this option replaces the list, so repeat the defaults you want to keep.
       - An excluded holder is reported in RV(not_signalled); its memory stays allocated.
@@ -380,11 +381,16 @@ def compile_patterns(patterns, option):
 
 
 def exclude_match(info, exclude_res):
-    """The pattern that excludes ``info``, or None."""
+    """The pattern that excludes ``info``, or None.
+
+    Each pattern must match in full (``re.fullmatch``) the process name
+    (``comm``, at most 15 characters), the basename of ``argv[0]``, or the
+    whole command line; ``.*`` matches part of a command line.
+    """
     cmdline = ' '.join(info.cmdline)
     for regex in exclude_res:
-        if (cmdline and regex.search(cmdline)) or regex.fullmatch(info.comm or '') \
-                or regex.fullmatch(info.exe_name or ''):
+        if regex.fullmatch(info.comm or '') or regex.fullmatch(info.exe_name or '') \
+                or (cmdline and regex.fullmatch(cmdline)):
             return regex.pattern
     return None
 

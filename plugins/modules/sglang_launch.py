@@ -37,6 +37,7 @@ attributes:
     platforms: posix
     details: Linux only (reads C(/proc)).
   idempotent:
+    description: Running the module twice with the same options changes nothing the second time.
     support: full
     details: A healthy server with the same argv, config file, environment and working directory is left alone.
 options:
@@ -111,10 +112,10 @@ options:
     type: int
   api_key:
     description:
-      - API key of the server. Sent as C(Authorization: Bearer) to C(/server_info); health paths are exempt from auth.
-      - SGLang 0.5.10 and later: written, with every other secret field of O(args), to O(config_file) (mode C(0600)) and passed as
+      - API key of the server. Sent as a C(Authorization) bearer token to C(/server_info); health paths are exempt from auth.
+      - On SGLang 0.5.10 and later it is written, with the other secret fields of O(args), to O(config_file) (mode C(0600)) and passed as
         C(--config <file>); it never appears on the command line, so C(ps) and C(/proc/<pid>/cmdline) do not show it.
-      - Older SGLang has no C(--config): the key would have to go on argv, where every local user can read it. The module
+      - Older SGLang has no C(--config), so the key would have to go on argv, where every local user can read it. The module
         refuses that unless O(allow_api_key_in_argv=true).
       - It is masked (C(********)) in RV(argv), RV(effective), the log lines returned and every message.
     type: str
@@ -144,7 +145,7 @@ options:
       - The C(--config) YAML file that carries the secrets (SGLang 0.5.10 and later). Default C(<state_dir>/config.yaml).
       - With O(manager=process) the module writes it with mode C(0600) whenever there is a secret. With O(manager=systemd) the
         caller renders it (and references it in the unit); the module only hashes it.
-      - Always passed as two tokens C(--config <file>): SGLang ignores the file silently with C(--config=<file>).
+      - Always passed as two tokens C(--config <file>); SGLang silently ignores the file when given as C(--config=<file>).
     type: path
   health_path:
     description:
@@ -303,8 +304,13 @@ overrides:
     explanation:
       description: Why SGLang changed it and how to get the intended behaviour.
       type: str
-  sample: [{"arg": "speculative_num_draft_tokens", "intended": 16, "running": 2,
-            "explanation": "SGLang sets it to num_steps + 1 when speculative_eagle_topk == 1; set speculative_num_steps: 15"}]
+  sample:
+    - arg: speculative_num_draft_tokens
+      intended: 16
+      running: 2
+      explanation: >-
+        speculative_num_draft_tokens: intended 16, running 2 — SGLang sets it to num_steps + 1 when
+        speculative_eagle_topk == 1; set speculative_num_steps: 15
 unverified:
   description: Fields of O(expect) that the server does not report, so they could not be compared.
   returned: when the server is healthy
@@ -320,7 +326,10 @@ log_warnings:
       description: The log line.
       type: str
     arg:
-      description: The field the warning is about, when known.
+      description: The field the warning is about.
+      type: str
+    rule:
+      description: The SGLang rule that printed it (see C(sglang_args.OVERRIDE_LOG_PATTERNS)).
       type: str
 version:
   description: The SGLang version reported by the server.
@@ -364,6 +373,15 @@ last_status:
   description: The last health answer seen (C(HTTP 503), C(refused), C(timeout)).
   returned: on failure to become healthy
   type: str
+exit:
+  description: How the server process ended (C(code), and C(signal) when a signal killed it; empty when it was not our child).
+  returned: when the server died before it became healthy
+  type: dict
+killed:
+  description: PIDs of the dead server's leftover processes (same session) that were SIGKILLed.
+  returned: when the server died before it became healthy
+  type: list
+  elements: int
 elapsed:
   description: Seconds the module ran.
   returned: always
@@ -457,9 +475,20 @@ def normalise(arg, value):
     return text
 
 
+def _maybe_json(value, other):
+    """A JSON text compared with a dict or list is compared parsed (SGLang
+    keeps --json-model-override-args and friends as text)."""
+    if isinstance(value, str) and isinstance(other, (dict, list)):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
 def same_value(arg, intended, running):
-    a = normalise(arg, intended)
-    b = normalise(arg, running)
+    a = normalise(arg, _maybe_json(intended, running))
+    b = normalise(arg, _maybe_json(running, intended))
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
     if isinstance(a, bool) or isinstance(b, bool):
@@ -647,6 +676,8 @@ class Launcher(object):
         self.url = None
         self.api_key = None
         self.python = p["python"]
+        self.started_at = None      # monotonic, set when the server was started
+        self.started_wall = None    # epoch seconds, for journalctl --since
 
     # ---------------- helpers ----------------
 
@@ -692,8 +723,8 @@ class Launcher(object):
                 self.secret(value)
         self.api_key = p["api_key"]
         self.secret(self.api_key)
-        if self.state == "stopped" and not p["args"]:
-            return
+        if self.state == "stopped":
+            return  # args do not matter for a stop
         args = {}
         for key, value in (p["args"] or {}).items():
             args[norm_key(key)] = value
@@ -995,7 +1026,6 @@ class Launcher(object):
                 pid = 0
             is_child = False
             if not pid:
-                self._journal_since = started_wall
                 raise LaunchFailed(
                     "systemd unit %s has no main process right after start (ActiveState=%s, Result=%s, ExecMainStatus=%s). "
                     "Last log lines:\n%s" % (self.unit, props.get("ActiveState"), props.get("Result"), props.get("ExecMainStatus"),
@@ -1047,7 +1077,6 @@ class Launcher(object):
         text = self.log_text(offset, since_wall)
         return [sp.mask_text(line, self.secrets) for line in sp.tail(text, LOG_TAIL_LINES)]
 
-
     # ---------------- health ----------------
 
     def _exit_of(self, pid, start, is_child):
@@ -1064,7 +1093,7 @@ class Launcher(object):
         res = self.result
         timeout = float(self.p["health_timeout"])
         deadline = procfs.Deadline(timeout)
-        since_wall = getattr(self, "started_wall", None)
+        since_wall = self.started_wall
         url = self.url + self.p["health_path"]
         members = sp.tree(pid)
         last = "no answer yet"

@@ -265,6 +265,11 @@ load:
   returned: always
   type: int
   sample: 0
+initial_load:
+  description: The worker's in-flight load at the first poll of the drain; V(null) when not measured.
+  returned: always
+  type: int
+  sample: 3
 load_source:
   description: >-
     Where the load was read: V(/v1/loads), V(/metrics), V(/get_load), or V(unreachable) when the worker
@@ -689,7 +694,8 @@ class RouterWorker(object):
         p = module.params
         self.p = p
         self.started = time.monotonic()
-        self.result = {"changed": False, "api_version": None, "drained_s": None, "load": None, "load_source": None}
+        self.result = {"changed": False, "api_version": None, "drained_s": None, "load": None, "load_source": None,
+                       "initial_load": None}
         try:
             self.url = normalize_url(p["url"])
         except ValueError as exc:
@@ -855,6 +861,8 @@ class RouterWorker(object):
             except RouterError as exc:
                 self.fail(exc.msg, drained_s=None)
             self.result.update(load=load, load_source=source)
+            if self.result["initial_load"] is None:
+                self.result["initial_load"] = load
             now = time.monotonic()
             if load == 0:
                 if zero_since is None:

@@ -5,7 +5,8 @@
 
 =========================  =================================================
 ``GPUKIT_MODE``            ``real`` (default) or ``sim`` (rehearsal on gpusim)
-``GPUKIT_OUT``             results directory (default: a temporary one)
+``GPUKIT_OUT``             results directory (default tests/gpu/results/<UTC timestamp>,
+                           ``sim-<UTC timestamp>`` in sim mode)
 ``GPUKIT_ALLOCATOR``       ``auto`` | ``cuda`` | ``cupy`` | ``torch``
 ``GPUKIT_MIB``             MiB of the teardown/latency holder (default 10240)
 ``GPUKIT_UPDATE_CAPTURES`` ``1`` writes real captures into tests/gpu/captures
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
 import pytest
 
@@ -30,7 +30,7 @@ if KIT_DIR not in sys.path:
     sys.path.insert(0, KIT_DIR)
 
 from gpukit import gpu as G  # noqa: E402
-from gpukit.results import Results  # noqa: E402
+from gpukit.results import Results, default_out_dir  # noqa: E402
 from gpukit.scenario import KitContext  # noqa: E402
 from mask import Masker  # noqa: E402
 
@@ -45,7 +45,6 @@ def _env_int(name, default):
 @pytest.fixture(scope="session")
 def kit():
     mode = os.environ.get("GPUKIT_MODE", "real")
-    out = os.environ.get("GPUKIT_OUT") or tempfile.mkdtemp(prefix="gpukit-results-")
     sim = None
     env = dict(os.environ)
     if mode == "sim":
@@ -55,6 +54,7 @@ def kit():
         info = G.detect(env=env)
         if not info.ok:
             pytest.skip(info.reason)
+    out = os.environ.get("GPUKIT_OUT") or default_out_dir(os.path.join(KIT_DIR, "results"), mode)
     masker = Masker()
     results = Results(out, masker=masker, mode=mode)
     ctx = KitContext(mode, results, masker, env=env, allocator=os.environ.get("GPUKIT_ALLOCATOR", "auto"),
@@ -72,5 +72,6 @@ def kit():
         yield ctx
     finally:
         results.finish()
+        ctx.close()
         if sim is not None:
             sim.close()

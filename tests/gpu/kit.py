@@ -10,6 +10,10 @@
     ``no-driver-*.txt`` plus their manifest entries (default
     ``tests/gpu/captures``). A capture whose exit code is not the expected
     one is not written (for example on a machine that has a driver).
+``kit.py merge-captures DIR``
+    Merge the captures of a real run made elsewhere (``<out>/captures`` brought
+    back from a GPU machine) into ``tests/gpu/captures``: files are copied and
+    manifest entries replaced by file name. Simulator captures are refused.
 ``kit.py queries``
     Print the command lines the kit captures (derived from gpu_query).
 """
@@ -72,6 +76,33 @@ def cmd_capture_errors(a):
     return rc_all
 
 
+def cmd_merge_captures(a):
+    import shutil
+    src = Q.load_manifest(a.dir)["captures"]
+    real = [e for e in src if e.get("source_kind") in ("real-gpu", "real-binary-without-gpu")]
+    for e in src:
+        if e not in real:
+            sys.stderr.write("kit.py: not merging %s (source_kind %r)\n" % (e["file"], e.get("source_kind")))
+    masker = Masker(hostnames=[], homes=[])
+    for e in real:
+        text = Q.read_capture(e, a.dir)
+        leaks = masker.leaks(text)
+        if leaks or not e.get("masked"):
+            sys.stderr.write("kit.py: %s is not masked (%s); nothing merged\n" % (e["file"], leaks))
+            return 1
+    manifest = Q.load_manifest(a.out)
+    names = set(e["file"] for e in real)
+    for e in real:
+        shutil.copyfile(os.path.join(a.dir, e["file"]), os.path.join(a.out, e["file"]))
+    manifest["captures"] = sorted([e for e in manifest["captures"] if e["file"] not in names] + real,
+                                  key=lambda e: e["file"])
+    with open(os.path.join(a.out, Q.MANIFEST), "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+    sys.stdout.write("merged %d captures into %s\n" % (len(real), a.out))
+    return 0 if real else 1
+
+
 def cmd_detect(a):
     info = G.detect()
     sys.stdout.write(json.dumps(info.to_dict(), indent=1) + "\n")
@@ -93,6 +124,10 @@ def main(argv=None):
     s.add_argument("--lib", required=True, help="directory holding libnvidia-ml.so.1")
     s.add_argument("--out", default=CAPTURES_DIR)
     s.set_defaults(fn=cmd_capture_errors)
+    s = sub.add_parser("merge-captures", help="merge <out>/captures of a real run into tests/gpu/captures")
+    s.add_argument("dir")
+    s.add_argument("--out", default=CAPTURES_DIR)
+    s.set_defaults(fn=cmd_merge_captures)
     s = sub.add_parser("detect", help="is there a GPU (nvidia-smi -L)")
     s.set_defaults(fn=cmd_detect)
     s = sub.add_parser("queries", help="list the captured command lines")

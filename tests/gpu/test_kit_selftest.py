@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -57,6 +59,35 @@ def sim_pair():
     finally:
         a.close()
         b.close()
+
+
+def _inproc(node):
+    """The fake nvidia-smi called in-process (same output as the script, no interpreter start-up)."""
+    from gpusim import smi
+
+    def run(argv):
+        return smi.run(list(argv[1:]), env=node.env)
+    return run
+
+
+@pytest.fixture(scope="module")
+def sim_captures(sim_pair):
+    """Idle captures of every query on both nodes, busy captures with a holder on GPU 0 of each."""
+    a, b = sim_pair
+    qs = Q.collection_queries()
+    busy = Q.busy_queries(qs)
+    ca = Q.capture(qs, state="idle", runner=_inproc(a))
+    cb = Q.capture(qs, state="idle", runner=_inproc(b))
+    a.hold(gpus="0", mib=1024)
+    b.hold(gpus="0", mib=2048)
+    try:
+        ca += Q.capture(busy, state="busy", runner=_inproc(a))
+        cb += Q.capture(busy, state="busy", runner=_inproc(b))
+    finally:
+        for node in (a, b):
+            kill_pids(node.spawned)
+            node.spawned = []
+    return qs, busy, ca, cb
 
 
 def _no_smi_path(tmp_path):
@@ -179,9 +210,8 @@ def test_describe_argv_and_names():
     assert Q.capture_name("no-driver", None, "list-gpus") == "no-driver-list-gpus.txt"
 
 
-def test_write_captures_masks_and_merges_manifest(tmp_path, sim_pair):
-    a, _ = sim_pair
-    caps = Q.capture(Q.collection_queries(), env=a.env, state="idle")
+def test_write_captures_masks_and_merges_manifest(tmp_path, sim_captures):
+    caps = [c for c in sim_captures[2] if c["state"] == "idle"]
     m = _masker()
     entries = Q.write_captures(caps, str(tmp_path), "h200", m, {"model": "H200", "gpu_count": 2})
     assert len(entries) == len(caps)
@@ -202,26 +232,18 @@ def test_write_captures_masks_and_merges_manifest(tmp_path, sim_pair):
 # shape.py
 # ---------------------------------------------------------------------------
 
-def test_fidelity_simulator_on_both_sides_has_no_differences(sim_pair):
-    a, b = sim_pair
-    qs = Q.collection_queries()
-    busy = Q.busy_queries(qs)
-    ca = Q.capture(qs, env=a.env, state="idle")
-    cb = Q.capture(qs, env=b.env, state="idle")
-    a.hold(gpus="0", mib=1024)
-    b.hold(gpus="0", mib=2048)
-    try:
-        ca += Q.capture(busy, env=a.env, state="busy")
-        cb += Q.capture(busy, env=b.env, state="busy")
-    finally:
-        for node in (a, b):
-            kill_pids(node.spawned)
-            node.spawned = []
+def test_fidelity_simulator_on_both_sides_has_no_differences(sim_captures, sim_pair):
+    qs, busy, ca, cb = sim_captures
     diffs = S.compare_captures(ca, cb, names=("a", "b"))
     assert len(diffs) == len(qs) + len(busy)
     assert {k: v for k, v in diffs.items() if v} == {}
     busy_apps = [c for c in ca if c["state"] == "busy" and c["slug"] == "query-apps_csv"][0]
     assert S.shape_of_capture(busy_apps)["rows"] == 1
+    # One subprocess run of the fake binary has the in-process output's shape.
+    a, _ = sim_pair
+    sub = Q.capture([q for q in qs if q.slug == "query-gpu_csv"], env=a.env, state="idle")[0]
+    inproc = [c for c in ca if c["slug"] == "query-gpu_csv" and c["state"] == "idle"][0]
+    assert S.compare(S.shape_of_capture(sub), S.shape_of_capture(inproc)) == []
 
 
 GPU_OUT = ("index, uuid, pci.bus_id, memory.total [MiB], memory.reserved [MiB], memory.used [MiB], memory.free [MiB], name\n"
@@ -298,7 +320,7 @@ def test_simulator_error_output_matches_the_real_binary(sim_pair, state, source,
     try:
         for e in entries:
             real = dict(e, stdout=Q.read_capture(e))
-            rc_sim, out, err, _ = Q.run_argv(e["argv"], env=b.env)
+            rc_sim, out, err = _inproc(b)(e["argv"])
             sim = dict(e, rc=rc_sim, stdout=out, stderr=err)
             assert real["rc"] == rc
             assert S.compare(S.shape_of_capture(real), S.shape_of_capture(sim)) == [], e["file"]
@@ -401,6 +423,86 @@ def test_holder_probe_reports_missing_cuda():
     assert run.returncode == 3 and all(n + ":" in res["error"] for n in ("cuda", "cupy", "torch"))
 
 
+FAKE_LIBCUDA = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+typedef unsigned long long CUdeviceptr;
+static void note(const char *what, unsigned long long v) {
+    const char *p = getenv("FAKE_CUDA_LOG"); FILE *f;
+    if (!p || !(f = fopen(p, "a"))) return;
+    fprintf(f, "%d %s %llu\n", (int)getpid(), what, v); fclose(f);
+}
+int cuInit(unsigned int flags) { note("cuInit", flags); return 0; }
+int cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; note("cuDeviceGet", ordinal); return 0; }
+int cuDeviceGetName(char *name, int len, int dev) { strncpy(name, "Fake H200", len); return 0; }
+int cuDeviceGetUuid(unsigned char *uuid, int dev) { int i; for (i = 0; i < 16; i++) uuid[i] = 0x10 + i; return 0; }
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) { *ctx = (void *)0x1234; return 0; }
+int cuCtxSetCurrent(void *ctx) { note("cuCtxSetCurrent", (unsigned long long)ctx); return 0; }
+int cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    note("cuMemAlloc_v2", n); if (n > ((size_t)1 << 40)) return 2; *p = 0x7f0000000000ULL; return 0; }
+int cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) { note("cuMemsetD8_v2", n); return p == 0x7f0000000000ULL ? 0 : 1; }
+int cuCtxSynchronize(void) { return 0; }
+int cuMemFree_v2(CUdeviceptr p) { note("cuMemFree_v2", p); return 0; }
+int cuGetErrorString(int e, const char **s) { *s = e == 2 ? "out of memory" : "unknown error"; return 0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_libcuda(tmp_path_factory):
+    """A stand-in libcuda.so.1 (compiled here) that logs the driver-API calls the ctypes allocator makes."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler to build the fake libcuda.so.1")
+    d = tmp_path_factory.mktemp("fakecuda")
+    (d / "fake.c").write_text(FAKE_LIBCUDA)
+    run = subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libcuda.so.1"), str(d / "fake.c")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, check=False)
+    if run.returncode != 0:
+        pytest.skip("cannot build the fake libcuda.so.1: %s" % run.stdout[-500:])
+    return d
+
+
+def test_holder_ctypes_allocator_against_a_fake_libcuda(fake_libcuda, tmp_path):
+    log = tmp_path / "cuda.log"
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fake_libcuda), FAKE_CUDA_LOG=str(log))
+    run = subprocess.run([sys.executable, HOLDER, "--role", "probe", "--allocator", "auto"], stdout=subprocess.PIPE,
+                         universal_newlines=True, check=False, env=env)
+    res = json.loads(run.stdout)
+    assert run.returncode == 0 and res == {"ok": True, "allocator": "cuda", "device_name": "Fake H200",
+                                           "device_uuid": "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"}
+    calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+    assert calls == ["cuInit 0", "cuDeviceGet 0", "cuCtxSetCurrent 4660", "cuMemAlloc_v2 67108864",
+                     "cuMemsetD8_v2 67108864", "cuMemFree_v2 %d" % 0x7f0000000000]
+    run = subprocess.run([sys.executable, HOLDER, "--role", "child", "--allocator", "cuda", "--mib", "2000000"],
+                         stdout=subprocess.PIPE, universal_newlines=True, check=False, env=env)
+    res = json.loads(run.stdout)
+    assert run.returncode == 3 and res["error"] == "cuMemAlloc(2000000 MiB) failed: CUDA error 2 out of memory"
+
+
+def test_holder_parent_child_keeper_with_the_ctypes_allocator(fake_libcuda, tmp_path):
+    log = tmp_path / "cuda.log"
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fake_libcuda), FAKE_CUDA_LOG=str(log))
+    with Spawner(allocator="cuda", env=env, visible="GPU-10111213-1415-1617-1819-1a1b1c1d1e1f") as sp:
+        parent = sp.start("parent", mib=100, child_mib=10, keeper=True, ignore_sigterm=True)
+        pids = parent.pids()
+        assert len(set(pids)) == 3 and all(is_alive(p) for p in pids)
+        assert parent.info["allocator"] == "cuda" and parent.info["child"]["mib"] == 10
+        lines = log.read_text().splitlines()
+        inits = sorted(int(line.split()[0]) for line in lines if " cuInit " in line)
+        assert inits == sorted([parent.pid, parent.child_pid])           # the keeper never calls CUDA
+        allocs = [line for line in lines if "cuMemAlloc_v2" in line]
+        assert "%d cuMemAlloc_v2 %d" % (parent.pid, 100 * 1024 * 1024) in allocs
+        assert "%d cuMemAlloc_v2 %d" % (parent.child_pid, 10 * 1024 * 1024) in allocs
+        with open("/proc/%d/environ" % parent.child_pid, "rb") as fh:
+            assert b"CUDA_VISIBLE_DEVICES=GPU-10111213-1415-1617-1819-1a1b1c1d1e1f" in fh.read()
+        os.kill(parent.pid, signal.SIGTERM)                              # ignored
+        time.sleep(0.3)
+        assert is_alive(parent.pid)
+    assert not any(is_alive(p) for p in pids)
+
+
 def test_holder_on_the_simulator_with_child_keeper_and_decoys(sim_pair):
     a, _ = sim_pair
     with Spawner(allocator="gpusim", env=a.env) as sp:
@@ -480,9 +582,14 @@ def test_measure_release_orders_the_events():
     assert s["exit_s"] <= s["unlisted_s"] <= s["free_s"] and s["polls"] == 4
 
 
-def test_parse_json_callback_and_collection_link():
+def test_parse_ansible_output_and_collection_link():
+    out = 'localhost | SUCCESS => {\n    "changed": false,\n    "gpus": []\n}\n'
+    assert AR.parse_adhoc_output(out) == {"changed": False, "gpus": []}
+    out = 'noise\nlocalhost | FAILED! => {"failed": true, "msg": "x => y"}\ntrailing text\n'
+    assert AR.parse_adhoc_output(out) == {"failed": True, "msg": "x => y"}
+    assert AR.parse_adhoc_output("otherhost | SUCCESS => {}") is None
     out = 'warning\n{"plays": [{"tasks": [{"hosts": {"localhost": {"changed": false, "gpus": []}}}]}]}'
-    assert AR.parse_json_callback(out) == {"changed": False, "gpus": []}
+    assert AR.parse_adhoc_output(out) == {"changed": False, "gpus": []}          # json callback, if configured
     assert AR.parse_json_callback("no json") is None and AR.parse_json_callback("{bad") is None
     link = os.path.join(ensure_collection_link(), "ansible_collections", "gpufleet", "sglang")
     assert os.path.realpath(link) == os.path.realpath(REPO)
@@ -530,6 +637,42 @@ def test_run_sh_refuses_with_a_failing_nvidia_smi(tmp_path, capture, rc, word):
     assert run.returncode == 3 and word in run.stderr
 
 
+def test_run_sh_real_mode_needs_an_allocator(tmp_path, sim_pair):
+    """A GPU is listed (the simulator's nvidia-smi) but nothing can allocate CUDA memory: rc 4."""
+    try:
+        import ctypes
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("libcuda.so.1 is present here")
+    except OSError:
+        pass
+    a, _ = sim_pair
+    run = _run_sh(["--skip-install", "--out", str(tmp_path / "out")], env=a.env)
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "2 GPU(s): NVIDIA H200" in run.stdout and "no way to allocate GPU memory: " in run.stderr
+    assert "libcuda.so.1 cannot be loaded" in run.stderr
+
+
+def test_run_sh_real_mode_reaches_the_checks(tmp_path, sim_pair, fake_libcuda):
+    """With an allocator, run.sh runs the gpu-marked checks in real mode and writes results (here: one check)."""
+    a, _ = sim_pair
+    env = dict(a.env, LD_LIBRARY_PATH=str(fake_libcuda))
+    out = tmp_path / "out"
+    run = _run_sh(["--skip-install", "--out", str(out), "--no-update-captures", "--",
+                   "-k", "test_nvml_matches_nvidia_smi"], env=env, timeout=300)
+    assert 'allocator: {"ok": true, "allocator": "cuda", "device_name": "Fake H200"' in run.stdout, run.stdout
+    data = json.load(open(out / "results.json"))
+    assert data["mode"] == "real" and data["environment"]["gpu"]["count"] == 2
+    assert [c["name"] for c in data["checks"]] == ["nvml_vs_nvidia_smi"]
+    # pynvml is not in the dev venv (skipped), or cannot reach a driver (failed): never a pass here.
+    assert run.returncode == 1 and data["checks"][0]["status"] in ("skipped", "failed")
+    assert (out / "summary.md").exists() and (out / "junit.xml").exists()
+
+
+def test_run_sh_time_budget(tmp_path):
+    run = _run_sh(["--sim", "--out", str(tmp_path / "o")], env={"GPUKIT_BUDGET_S": "20"})
+    assert run.returncode == 5 and "time budget" in run.stderr
+
+
 def test_run_sh_self_test_subset():
     run = _run_sh(["--self-test", "--", "-k", "test_mask_obj_masks_nested_structures"], timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -544,6 +687,26 @@ def test_kit_py_queries_and_detect(tmp_path):
     run = subprocess.run([sys.executable, os.path.join(KIT_DIR, "kit.py"), "detect"], stdout=subprocess.PIPE,
                          universal_newlines=True, check=False, env=env)
     assert run.returncode == 3 and json.loads(run.stdout)["ok"] is False
+
+
+def test_kit_py_merge_captures(tmp_path, sim_captures):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    idle = [c for c in sim_captures[2] if c["state"] == "idle"][:3]
+    Q.write_captures(idle, str(src), "h200", _masker(), {"source_kind": "real-gpu", "gpu_count": 2})
+    Q.write_captures(idle[:1], str(src), "sim-h200", _masker(), {"source_kind": "sim"})
+    dst.mkdir()
+    kit = os.path.join(KIT_DIR, "kit.py")
+    run = subprocess.run([sys.executable, kit, "merge-captures", str(src), "--out", str(dst)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, universal_newlines=True, check=False)
+    assert run.returncode == 0 and "merged 3 captures" in run.stdout and "not merging sim-h200" in run.stderr
+    assert sorted(e["file"] for e in Q.load_manifest(str(dst))["captures"]) == sorted(
+        f.name for f in dst.iterdir() if f.name != Q.MANIFEST)
+    # an unmasked capture stops the merge
+    first = Q.load_manifest(str(src))["captures"][0]
+    (src / first["file"]).write_text("GPU 0: NVIDIA H200 (UUID: %s)\n" % UUID_A)
+    run = subprocess.run([sys.executable, kit, "merge-captures", str(src), "--out", str(dst)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, universal_newlines=True, check=False)
+    assert run.returncode == 1 and "is not masked" in run.stderr
 
 
 @pytest.mark.slow

@@ -170,8 +170,8 @@ def all_healthy(url, expected, api_key=None):
 class Load(object):
     """Bounded open-loop client load through the router: ``rate`` requests
     per second, at most ``max_requests`` and at most ``time_limit`` seconds.
-    Every fourth request asks for more tokens, so that the workers being
-    removed usually still have requests in flight (the drain has work)."""
+    Every tenth request asks for 300 tokens (a few seconds), so that the
+    workers being removed still have requests in flight (the drain has work)."""
 
     def __init__(self, url, rate=20.0, max_requests=8000, time_limit=170.0, api_key=None):
         self.url = url + "/generate"
@@ -191,7 +191,7 @@ class Load(object):
         self.duration = None
 
     def _one(self, index):
-        tokens = 48 if index % 4 == 0 else 8
+        tokens = 300 if index % 10 == 0 else 8
         body = {"text": "request %d: say something about GPUs" % index, "sampling_params": {"max_new_tokens": tokens}}
         began = time.monotonic()
         try:
@@ -340,12 +340,13 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
     stats = result.get("stats", {})
     summary = load.summary()
     drains = host_results(result, "Wait until the old server has no request in flight")
-    removals = host_results(result, "Remove the worker from the router")
+    removals = host_results(result, "Take the worker out of the router")
     figures = {
         "load": summary,
         "playbook_s": round(playbook_s, 1),
         "total_s": round(time.monotonic() - began, 1),
-        "drain": {h: {"drained_s": r[0].get("drained_s"), "source": r[0].get("load_source")} for h, r in drains.items()},
+        "drain": {h: {"drained_s": r[0].get("drained_s"), "initial_load": r[0].get("initial_load"),
+                      "source": r[0].get("load_source")} for h, r in drains.items()},
     }
     print("\nrolling redeploy figures: %s" % json.dumps(figures))
     (tmp_path / "figures.json").write_text(json.dumps(figures, indent=1))
@@ -366,6 +367,8 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
         assert len(res[0]["workers"]) == 2   # the other two kept serving
     for name, res in drains.items():
         assert res[0]["load_source"] == "/v1/loads" and res[0]["load"] == 0, res
+    # The long requests of the load mean the drain really waited for requests in flight.
+    assert sum(res[0]["initial_load"] for res in drains.values()) > 0, drains
 
     # 3. Every worker runs the new config, in a new process.
     for name, h in hosts.items():

@@ -2,11 +2,14 @@
 
 Equivalent of::
 
-    ANSIBLE_COLLECTIONS_PATH=$REPO/.collections ANSIBLE_STDOUT_CALLBACK=json \\
+    ANSIBLE_COLLECTIONS_PATH=$REPO/.collections ANSIBLE_CALLBACK_RESULT_FORMAT=json \\
       ansible localhost -i localhost, -c local -m gpufleet.sglang.gpu_drain \\
         -a '{"gpus": [0], ...}' -e ansible_python_interpreter=$PYTHON
 
-The module's result dict comes back parsed (``json`` stdout callback).
+The module's result dict is read from the default callback's ad-hoc line
+``localhost | SUCCESS => {...}``. That callback is in ansible-core itself;
+the ``json`` stdout callback lives in ansible.posix, and ``-o`` / ``-t`` are
+deprecated, so none of them is relied on.
 """
 from __future__ import annotations
 
@@ -34,8 +37,9 @@ def ansible_env(base_env=None):
     env.update({
         "ANSIBLE_COLLECTIONS_PATH": ensure_collection_link(),
         "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "json",
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "default",
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        "ANSIBLE_CALLBACK_FORMAT_PRETTY": "1",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
         "ANSIBLE_LOCALHOST_WARNING": "0",
@@ -61,6 +65,27 @@ class ModuleRun(object):
     def summary(self):
         msg = self.result.get("msg") or ""
         return "rc %d, %.1f s%s" % (self.rc, self.seconds, (": " + msg) if msg else "")
+
+
+_ADHOC_RE = None
+
+
+def parse_adhoc_output(stdout, host="localhost"):
+    """The result dict from ``<host> | SUCCESS => {...}`` (default callback), or None."""
+    import re
+    global _ADHOC_RE
+    if _ADHOC_RE is None:
+        _ADHOC_RE = re.compile(r"^%s \| (?:SUCCESS|CHANGED|FAILED!|UNREACHABLE!|SKIPPED)(?: \| rc=-?\d+)? => "
+                               % re.escape(host), re.MULTILINE)
+    text = stdout or ""
+    match = _ADHOC_RE.search(text)
+    if match is None:
+        return parse_json_callback(text, host)
+    try:
+        result, _ = json.JSONDecoder().raw_decode(text[match.end():])
+    except ValueError:
+        return None
+    return result if isinstance(result, dict) else None
 
 
 def parse_json_callback(stdout, host="localhost"):
@@ -98,7 +123,7 @@ def run_module(module, args, env=None, python=None, timeout=300, check=False):
     seconds = time.monotonic() - start
     stdout = proc.stdout.decode("utf-8", "replace")
     stderr = proc.stderr.decode("utf-8", "replace")
-    result = parse_json_callback(stdout)
+    result = parse_adhoc_output(stdout)
     if result is None:
         result = {"failed": True, "msg": "no JSON result from ansible (rc %d): %s" % (
             proc.returncode, (stderr or stdout).strip()[-2000:])}

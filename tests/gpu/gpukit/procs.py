@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,7 @@ class Spawner(object):
             path = self.env.get("PYTHONPATH", "")
             if SIM_PY not in path.split(os.pathsep):
                 self.env["PYTHONPATH"] = SIM_PY + (os.pathsep + path if path else "")
+        self._own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="gpukit-procs-")
         self.started = []
         self._n = 0
@@ -160,6 +162,8 @@ class Spawner(object):
             except subprocess.TimeoutExpired:
                 pass
         self.started = []
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
         return left
 
     def __enter__(self):

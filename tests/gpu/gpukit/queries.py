@@ -168,18 +168,24 @@ def run_argv(argv, env=None, timeout=60):
             time.monotonic() - start)
 
 
-def capture(queries, env=None, state="idle", timeout=60, nvidia_smi=None):
+def capture(queries, env=None, state="idle", timeout=60, nvidia_smi=None, runner=None):
     """Run each query; returns capture dicts (unmasked).
 
     ``nvidia_smi`` replaces argv[0] when running (the recorded argv keeps
-    the plain ``nvidia-smi``).
+    the plain ``nvidia-smi``). ``runner(argv) -> (rc, stdout, stderr)``
+    replaces the subprocess (the self-tests call the simulator in-process).
     """
     out = []
     for q in queries:
         argv = list(q.argv)
         if nvidia_smi:
             argv[0] = nvidia_smi
-        rc, stdout, stderr, seconds = run_argv(argv, env=env, timeout=timeout)
+        if runner is not None:
+            start = time.monotonic()
+            rc, stdout, stderr = runner(argv)
+            seconds = time.monotonic() - start
+        else:
+            rc, stdout, stderr, seconds = run_argv(argv, env=env, timeout=timeout)
         rec = q.to_dict()
         rec["argv"] = ["nvidia-smi"] + list(q.argv[1:])
         rec.update({"state": state, "rc": rc, "stdout": stdout, "stderr": stderr, "seconds": round(seconds, 4)})

@@ -35,8 +35,10 @@ def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def default_out_dir(base):
-    return os.path.join(base, datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+def default_out_dir(base, mode="real"):
+    """``<base>/<UTC timestamp>`` (``sim-<UTC timestamp>`` for a rehearsal), as run.sh names it."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return os.path.join(base, ("sim-" if mode == "sim" else "") + stamp)
 
 
 class Results(object):

@@ -154,6 +154,7 @@ def test_http_unresolvable_host():
     ("ssl_password", True), ("watermark_secret", True), ("api-key", True),
     ("speculative_num_draft_tokens", False), ("max_prefill_tokens", False), ("tokenizer_path", False),
     ("ssl_keyfile", False), ("speculative_eagle_topk", False), ("model_path", False),
+    ("speculative_token_map", False), ("ssl_keyfile_password", True), ("secret_path", True), ("", False),
 ])
 def test_is_secret_name(name, secret):
     assert sp.is_secret_name(name) is secret
@@ -393,6 +394,8 @@ def test_kill_leftovers_of_a_dead_leader(tmp_path, sleepers):
     ("served_model_name", "qwen", "qwen"),
     ("json_model_override_args", {"a-b": 1}, {"a_b": "1"}),
     ("cuda_graph_bs", [1, 2], ["1", "2"]),
+    ("json_model_override_args", {"rope": 2}, '{"rope": 2}'),
+    ("json_model_override_args", '{"rope":2}', {"rope": 2}),
 ])
 def test_same_value(arg, intended, running):
     assert m.same_value(arg, intended, running)

@@ -541,6 +541,7 @@ def test_absent_removes_every_spelling_and_drains(serve):
     # The worker URL does not match any entry (localhost vs 127.0.0.1): nothing removed, but the drain ran.
     assert res["changed"] is False and res["removed"] == []
     assert res["load"] == 0 and res["load_source"] == "/v1/loads" and res["drained_s"] is not None
+    assert res["initial_load"] == 3
     assert worker.reads == 3
 
     res = run({"router_url": base, "url": "http://127.0.0.1:41002", "api_key": ROUTER_KEY, "state": "absent"}, diff=True)

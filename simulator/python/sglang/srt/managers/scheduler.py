@@ -106,8 +106,9 @@ class ModelRunner:
 
     def load_model(self) -> None:
         cfg = self.cfg
+        avail = self._free_mib()  # raises "invalid device ordinal" for a missing GPU
         self._open_device_files()
-        logger.info(f"Load weight begin. avail mem={_gib(self._free_mib()):.2f} GB")
+        logger.info(f"Load weight begin. avail mem={_gib(avail):.2f} GB")
         self._allocate(cfg["weights_mib"])
         if cfg["crash_on_load"]:
             raise RuntimeError(

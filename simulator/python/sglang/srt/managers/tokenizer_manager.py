@@ -184,6 +184,7 @@ class TokenizerManager:
             dp_rank = self._rr % self.dp_size
             self._rr += 1
             state = ReqState(rid, dp_rank, prompt_tokens, health)
+            t_enqueue = time.time()
             self.rid_to_state[rid] = state
             self.waiting[dp_rank] += 1
             while ((self.running[dp_rank] >= self.max_running_per_dp or self.paused)
@@ -192,6 +193,7 @@ class TokenizerManager:
             self.waiting[dp_rank] -= 1
             self.running[dp_rank] += 1
             state.running = True
+            queue_wall = time.time() - t_enqueue
             # Radix cache: a prompt seen before is served from cache except its last token.
             cached = 0
             if prompt_key is not None and not health:
@@ -202,7 +204,6 @@ class TokenizerManager:
             self._req_counter += 1
             plan = self.spec.plan(max_new_tokens, self.rng)
             running_now, queued_now = sum(self.running), sum(self.waiting)
-        t0 = time.time()
         if not health:
             logger.info(f"Prefill batch. #new-seq: 1, #new-token: {prompt_tokens}, "
                         f"#cached-token: {cached}, token usage: "
@@ -255,7 +256,9 @@ class TokenizerManager:
         if vt >= (0, 5, 10):
             meta["reasoning_tokens"] = 0
         meta.update({"completion_tokens": produced, "cached_tokens": cached})
-        e2e = sim_elapsed if sim_elapsed > 0 else (time.time() - t0) / max(self.knobs.time_scale, 1e-9)
+        # Simulated seconds: time waiting for a running slot plus decode time.
+        scale = self.knobs.time_scale
+        e2e = sim_elapsed + (queue_wall / scale if scale > 0 else 0.0)
         meta["e2e_latency"] = e2e
         if self.spec.enabled and verify_ct > 0:
             proposed = verify_ct * max(0, (self.spec.num_draft_tokens or 1) - 1)
@@ -273,22 +276,22 @@ class TokenizerManager:
                     hist[min(n - 1, len(hist) - 1)] += 1
                 meta["spec_correct_drafts_histogram"] = hist
         if not health:
-            self._account(prompt_tokens, produced, cached, plan[:verify_ct], e2e)
+            self._account(prompt_tokens, produced, cached, plan[:verify_ct], e2e, sim_elapsed)
         return ids[:produced], text, meta
 
     def _token_usage(self) -> float:
         total = max(1, self.max_total_num_tokens or 1)
         return min(1.0, self.used_tokens() / float(total))
 
-    def _account(self, prompt_tokens, produced, cached, steps, e2e):
+    def _account(self, prompt_tokens, produced, cached, steps, e2e, decode_s):
         line = None
         with self.lock:
             self.num_requests_total += 1
             self.prompt_tokens_total += prompt_tokens
             self.generation_tokens_total += produced
             self.cached_tokens_total += cached
-            if e2e > 0 and produced > 0:
-                self.last_gen_throughput = produced / e2e
+            if decode_s > 0 and produced > 0:
+                self.last_gen_throughput = produced / decode_s
             self.e2e_sum += e2e
             self.e2e_count += 1
             for bi, bound in enumerate(E2E_BUCKETS):

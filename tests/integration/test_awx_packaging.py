@@ -1,0 +1,387 @@
+"""AWX / Automation Controller / ansible-runner packaging.
+
+- ``execution-environment.yml`` is valid ansible-builder v3 input: ``ansible-builder
+  create`` (offline) writes a build context whose Containerfile pins the
+  controller versions of ``requirements/dev.txt``, and whose copy of the
+  collection installs offline, the way the image's galaxy stage does, into a
+  collection that ``ansible-doc`` and ``--syntax-check`` accept. The image build
+  itself needs a registry and is not run.
+- ``docs/awx/survey.json`` asks only for variables declared in the roles'
+  ``meta/argument_specs.yml`` or in ``docs/awx/playbook_vars.yml``, with
+  compatible types, choices and defaults; every entry of playbook_vars.yml is
+  still read where it says; the credential type injects only declared secrets.
+- ``docs/awx/runner-example`` runs through ``ansible_runner.run()`` against a
+  simulated GPU node with a simulated SGLang server.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+import yaml
+
+from launch_helpers import Procs, free_port  # noqa: E402  (tests/integration is on sys.path)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+AWX = REPO / "docs" / "awx"
+VENV_BIN = pathlib.Path(sys.executable).parent
+SIM_PY = REPO / "simulator" / "python"
+SIM_BIN = REPO / "simulator" / "bin"
+
+# AWX survey question type -> the spec types it can feed.
+SURVEY_TYPES = {
+    "text": {"str", "path", "raw"},
+    "textarea": {"str", "raw", "dict", "list"},
+    "password": {"str"},
+    "integer": {"int", "raw"},
+    "float": {"float", "raw"},
+    "multiplechoice": {"str", "raw"},
+    "multiselect": {"list"},
+}
+SECRET_NAME = re.compile(r"(api_key|password|secret|token)$")
+
+
+def _yaml(path):
+    return yaml.safe_load(pathlib.Path(path).read_text())
+
+
+def _galaxy():
+    return _yaml(REPO / "galaxy.yml")
+
+
+def _pin(name):
+    for line in (REPO / "requirements" / "dev.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith(name + "=="):
+            return line
+    raise AssertionError("%s is not pinned in requirements/dev.txt" % name)
+
+
+def declared_variables():
+    """name -> {type, default?, choices?, secret?, where} from the role specs and playbook_vars.yml."""
+    out = {}
+    for spec_file in sorted((REPO / "roles").glob("*/meta/argument_specs.yml")):
+        for entry, spec in (_yaml(spec_file).get("argument_specs") or {}).items():
+            for name, opt in (spec.get("options") or {}).items():
+                out.setdefault(name, dict(opt, where="%s (%s)" % (spec_file.relative_to(REPO), entry)))
+    for name, opt in _yaml(AWX / "playbook_vars.yml")["variables"].items():
+        assert name not in out, "%s is declared both in a role spec and in playbook_vars.yml" % name
+        out[name] = dict(opt, where="docs/awx/playbook_vars.yml")
+    return out
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env.update({
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".collections"),
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "PATH": "%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
+        "ANSIBLE_NOCOLOR": "1",
+    })
+    env.update(extra)
+    return env
+
+
+# --------------------------------------------------------------------------
+# Execution environment
+# --------------------------------------------------------------------------
+
+def test_execution_environment_definition():
+    ee = _yaml(REPO / "execution-environment.yml")
+    assert ee["version"] == 3
+    assert ee["images"]["base_image"]["name"]
+    deps = ee["dependencies"]
+    assert deps["ansible_core"]["package_pip"] == _pin("ansible-core")
+    assert deps["ansible_runner"]["package_pip"] == _pin("ansible-runner")
+    assert deps["python_interpreter"]["python_path"].endswith("python3.11")
+    assert "python" not in deps, "the collection needs no controller-side Python packages beyond ansible-core"
+    g = _galaxy()
+    tarball = "%s-%s-%s.tar.gz" % (g["namespace"], g["name"], g["version"])
+    assert deps["galaxy"]["collections"] == [{"name": "collections/" + tarball, "type": "file"}], (
+        "execution-environment.yml must install the tarball of galaxy.yml's version (%s)" % tarball)
+    assert ee["additional_build_files"] == [{"src": ".cache/build/" + tarball, "dest": "collections"}]
+
+
+def _stage_checkout(dest):
+    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=str(REPO),
+                             capture_output=True, timeout=60, check=True).stdout.decode()
+    for rel in filter(None, listing.split("\0")):
+        source = REPO / rel
+        if not source.exists() and not source.is_symlink():
+            continue   # deleted in the working tree
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target)
+        elif source.is_file():
+            shutil.copy2(source, target)
+    return dest
+
+
+def test_build_ignore_keeps_generated_directories_out():
+    """ansible-lint writes collections/ansible_collections/<ns>/<name> links into the checkout and
+    ansible-builder's default context is context/; a `make build` after either must not pack them
+    (a packed link makes the tarball uninstallable: "linkname ... not found")."""
+    ignored = set(_galaxy().get("build_ignore") or [])
+    for generated in ("collections", "context"):
+        assert generated in ignored, "add %r to build_ignore in galaxy.yml" % generated
+
+
+@pytest.mark.slow
+def test_ansible_builder_create_offline(tmp_path):
+    g = _galaxy()
+    tarball = "%s-%s-%s.tar.gz" % (g["namespace"], g["name"], g["version"])
+    work = tmp_path / "ee"
+    (work / ".cache" / "build").mkdir(parents=True)
+    shutil.copy(REPO / "execution-environment.yml", work / "execution-environment.yml")
+
+    # What `make build` does, from the files a clone would have (tracked, plus new files git does not ignore;
+    # tool output such as ansible-lint's collections/ links stays out), into the temporary tree.
+    src = _stage_checkout(tmp_path / "src")
+    build = subprocess.run([str(VENV_BIN / "ansible-galaxy"), "collection", "build", "--force", "--output-path",
+                            str(work / ".cache" / "build"), str(src)], env=_env(), capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert (work / ".cache" / "build" / tarball).exists()
+
+    ctx = work / "context"
+    create = subprocess.run([str(VENV_BIN / "ansible-builder"), "create", "-f", str(work / "execution-environment.yml"),
+                             "-c", str(ctx), "--output-filename", "Containerfile"],
+                            cwd=str(work), env=_env(), capture_output=True, text=True, timeout=300)
+    assert create.returncode == 0, create.stdout + create.stderr
+    containerfile = (ctx / "Containerfile").read_text()
+    assert 'ARG EE_BASE_IMAGE="registry.access.redhat.com/ubi9/ubi:latest"' in containerfile
+    assert 'ARG ANSIBLE_INSTALL_REFS="%s %s"' % (_pin("ansible-core"), _pin("ansible-runner")) in containerfile
+    assert 'ARG PYCMD="/usr/bin/python3.11"' in containerfile
+    assert "ansible-galaxy collection install $ANSIBLE_GALAXY_CLI_COLLECTION_OPTS -r requirements.yml" in containerfile
+    assert "ENV ANSIBLE_GALAXY_SERVER_LIST=" in containerfile
+    assert "FROM base AS final" in containerfile and 'LABEL org.opencontainers.image.title="gpufleet-sglang-ee"' in containerfile
+
+    build_dir = ctx / "_build"
+    assert _yaml(build_dir / "requirements.yml") == {"collections": [{"name": "collections/" + tarball, "type": "file"}]}
+    copied = build_dir / "collections" / tarball
+    assert copied.exists()
+    with tarfile.open(copied) as tar:
+        manifest = json.load(tar.extractfile("MANIFEST.json"))
+        names = set(tar.getnames())
+    info = manifest["collection_info"]
+    assert (info["namespace"], info["name"], info["version"]) == (g["namespace"], g["name"], g["version"])
+    for needed in ("plugins/modules/sglang_router_worker.py", "playbooks/redeploy.yml", "playbooks/tasks/router_remove.yml",
+                   "playbooks/tasks/router_add.yml", "roles/sglang_server/meta/argument_specs.yml"):
+        assert needed in names, needed
+
+    # The galaxy stage, offline: `cd /build && ansible-galaxy collection install -r requirements.yml`.
+    installed = tmp_path / "ee-collections"
+    # --force: the image starts empty; this machine may already have the collection elsewhere.
+    inst = subprocess.run([str(VENV_BIN / "ansible-galaxy"), "collection", "install", "--force", "-r", "requirements.yml",
+                           "--collections-path", str(installed)],
+                          cwd=str(build_dir), env=_env(ANSIBLE_GALAXY_SERVER_LIST="", ANSIBLE_GALAXY_DISABLE_GPG_VERIFY="1"),
+                          capture_output=True, text=True, timeout=300)
+    assert inst.returncode == 0, inst.stdout + inst.stderr
+    ee_env = _env(ANSIBLE_COLLECTIONS_PATH=str(installed))
+    doc = subprocess.run([str(VENV_BIN / "ansible-doc"), "-t", "module", "gpufleet.sglang.sglang_router_worker"],
+                         env=ee_env, capture_output=True, text=True, timeout=120)
+    assert doc.returncode == 0 and "drain_timeout" in doc.stdout, doc.stderr
+    syntax = subprocess.run([str(VENV_BIN / "ansible-playbook"), "--syntax-check", "-i", "localhost,",
+                             str(AWX / "runner-example" / "project" / "redeploy.yml")],
+                            env=ee_env, capture_output=True, text=True, timeout=120)
+    assert syntax.returncode == 0, syntax.stdout + syntax.stderr
+
+
+# --------------------------------------------------------------------------
+# Survey, variables, credential type, job template
+# --------------------------------------------------------------------------
+
+def _choices(question):
+    raw = question.get("choices")
+    if isinstance(raw, str):
+        return [c for c in raw.split("\n") if c]
+    return list(raw or [])
+
+
+def test_survey_matches_the_variable_specs():
+    survey = json.loads((AWX / "survey.json").read_text())
+    declared = declared_variables()
+    assert survey["name"] and survey["description"]
+    seen = set()
+    for q in survey["spec"]:
+        for key in ("question_name", "type", "variable", "required"):
+            assert key in q, "survey question %r lacks %s" % (q.get("variable"), key)
+        var = q["variable"]
+        assert var not in seen, "duplicate survey variable %s" % var
+        seen.add(var)
+        assert var in declared, ("survey variable %s is neither in a role's meta/argument_specs.yml nor in "
+                                 "docs/awx/playbook_vars.yml" % var)
+        spec = declared[var]
+        where = spec["where"]
+        assert q["type"] in SURVEY_TYPES, q["type"]
+        assert spec.get("type", "str") in SURVEY_TYPES[q["type"]], (
+            "survey type %s cannot feed %s (%s, from %s)" % (q["type"], var, spec.get("type"), where))
+        assert q["type"] != "password" and not spec.get("secret") and not SECRET_NAME.search(var), (
+            "%s is a secret; inject it with the credential type, not the survey" % var)
+        if q["type"] == "multiplechoice":
+            allowed = spec.get("choices")
+            assert allowed, "%s: a multiple-choice question needs choices in %s" % (var, where)
+            assert set(_choices(q)) <= {str(c) for c in allowed}, (var, _choices(q), allowed)
+            if q.get("default") not in (None, ""):
+                assert q["default"] in _choices(q)
+        if q["type"] in ("integer", "float"):
+            for bound in ("min", "max"):
+                if bound in q:
+                    assert isinstance(q[bound], (int, float)), (var, bound)
+            if q.get("default") not in (None, ""):
+                assert q.get("min", float("-inf")) <= q["default"] <= q.get("max", float("inf")), var
+        if q["required"]:
+            assert q.get("default") not in (None, ""), "required question %s needs a default" % var
+        if "default" in spec and q.get("default") not in (None, ""):
+            assert str(q["default"]) == str(spec["default"]), (
+                "survey default of %s (%r) differs from %s (%r)" % (var, q["default"], where, spec["default"]))
+    # The questions the job needs (target, model, speculative settings, policy, serial, router).
+    for var in ("sglang_hosts", "sglang_survey_model_path", "sglang_survey_speculative_algorithm",
+                "sglang_survey_speculative_num_draft_tokens", "sglang_server_spec_policy", "sglang_serial",
+                "sglang_router_url"):
+        assert var in seen, var
+
+
+def test_playbook_vars_are_read_where_declared():
+    for name, opt in _yaml(AWX / "playbook_vars.yml")["variables"].items():
+        assert opt.get("description"), name
+        assert opt.get("type") in ("str", "int", "float", "bool", "dict", "list", "raw"), (name, opt.get("type"))
+        assert opt.get("used_in"), name
+        for rel in opt["used_in"]:
+            path = REPO / rel
+            assert path.exists(), "%s: used_in names %s, which does not exist" % (name, rel)
+            assert re.search(r"\b%s\b" % re.escape(name), path.read_text()), "%s is not read in %s" % (name, rel)
+
+
+def test_router_and_survey_variables_are_all_declared():
+    declared = declared_variables()
+    registered = {"sglang_router_worker_url_effective", "sglang_router_remove_result", "sglang_router_drain_result",
+                  "sglang_router_add_result"}
+    for rel in ("playbooks/tasks/router_remove.yml", "playbooks/tasks/router_add.yml"):
+        for name in set(re.findall(r"(?<![.\w])sglang_router_[a-z_]+", (REPO / rel).read_text())) - registered:
+            assert name in declared, "%s reads %s, which docs/awx/playbook_vars.yml does not declare" % (rel, name)
+    project = (AWX / "runner-example" / "project" / "redeploy.yml").read_text()
+    survey_vars = {q["variable"] for q in json.loads((AWX / "survey.json").read_text())["spec"]}
+    for name in set(re.findall(r"\bsglang_survey_[a-z_]+", project)):
+        assert name in declared and name in survey_vars, name
+    extravars = _yaml(AWX / "runner-example" / "env" / "extravars")
+    for name in extravars:
+        assert name in declared, "env/extravars sets %s, which is not declared" % name
+
+
+def test_credential_type_injects_declared_secrets():
+    ct = json.loads((AWX / "credential_type.json").read_text())
+    declared = declared_variables()
+    assert ct["kind"] in ("cloud", "net")
+    fields = {f["id"]: f for f in ct["inputs"]["fields"]}
+    assert set(ct["inputs"]["required"]) <= set(fields)
+    injected = ct["injectors"]["extra_vars"]
+    assert set(injected) == set(fields)
+    for var, template in injected.items():
+        assert template == "{{ %s }}" % var
+        assert fields[var]["secret"] is True
+        assert var in declared, var
+        assert SECRET_NAME.search(var)
+    assert "sglang_server_api_key" in injected and "sglang_router_api_key" in injected
+
+
+def test_job_template_definition():
+    jt = json.loads((AWX / "job_template.json").read_text())
+    playbook = REPO / jt["playbook"]
+    assert playbook.exists()
+    assert "import_playbook: gpufleet.sglang.redeploy" in playbook.read_text()
+    assert jt["limit"] == "gpu-nodes" and jt["ask_limit_on_launch"] is True
+    assert jt["survey_enabled"] is True and jt["allow_simultaneous"] is False
+    assert jt["job_type"] == "run" and jt["ask_job_type_on_launch"] is True
+    inventory = _yaml(AWX / "runner-example" / "inventory" / "hosts.yml")
+    assert "gpu-nodes" in inventory["all"]["children"]
+    awx_md = (REPO / "docs" / "awx.md").read_text()
+    for name in [jt["execution_environment"], jt["project"]] + jt["credentials"]:
+        assert name in awx_md, "%s is not explained in docs/awx.md" % name
+    ct = json.loads((AWX / "credential_type.json").read_text())
+    assert ct["name"] in awx_md
+
+
+# --------------------------------------------------------------------------
+# ansible-runner
+# --------------------------------------------------------------------------
+
+@pytest.fixture
+def servers():
+    tracker = Procs()
+    yield tracker
+    left = tracker.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left
+
+
+@pytest.mark.slow
+def test_runner_example_status_against_a_simulated_node(sim_node, servers, tmp_path, monkeypatch):
+    ansible_runner = pytest.importorskip("ansible_runner")
+    import time
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.http import HTTPConnectionError, request
+
+    # A simulated server on the node: EAGLE3, topk 1, steps 3, 4 draft tokens, one GPU.
+    models = tmp_path / "models"
+    for name, arch in (("target", "Qwen3ForCausalLM"), ("draft", "LlamaForCausalLMEagle3")):
+        (models / name).mkdir(parents=True)
+        (models / name / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    port = free_port()
+    args = ["--model-path", str(models / "target"), "--port", str(port), "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", str(models / "draft"), "--speculative-eagle-topk", "1",
+            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    env = dict(sim_node.env, CUDA_VISIBLE_DEVICES="0", SGLANG_SIM_STARTUP_S="0.3", SGLANG_SIM_WARMUP_S="0.05")
+    with open(tmp_path / "server.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server"] + args, env=env, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    servers.add(proc.pid)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if request("GET", "http://127.0.0.1:%d/health" % port, timeout=2)[0] == 200:
+                break
+        except HTTPConnectionError:
+            pass
+        assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-2000:]
+        time.sleep(0.2)
+
+    # The example, with its inventory swapped for the simulated node.
+    pdd = tmp_path / "runner"
+    shutil.copytree(AWX / "runner-example", pdd)
+    example_inventory = _yaml(pdd / "inventory" / "hosts.yml")
+    group_vars = example_inventory["all"]["children"]["gpu-nodes"]["vars"]
+    (pdd / "inventory" / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu-nodes": {"hosts": {"sim-node": {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "sglang_node_environment": {"GPUSIM_ROOT": sim_node.root, "PATH": "%s:/usr/bin:/bin" % SIM_BIN},
+        "sglang_server_name": "example",
+        "sglang_server_state_dir": str(tmp_path / "state"),
+        "sglang_server_args": {"model_path": str(models / "target"), "port": port},
+    }}}}}}))
+    assert group_vars["sglang_server_args"]["model_path"]   # the example itself describes a real fleet
+
+    monkeypatch.setenv("PATH", "%s:%s" % (VENV_BIN, os.environ.get("PATH", "")))
+    monkeypatch.setenv("ANSIBLE_COLLECTIONS_PATH", str(REPO / ".collections"))
+    monkeypatch.setenv("ANSIBLE_CONFIG", str(REPO / "ansible.cfg"))
+    monkeypatch.setenv("ANSIBLE_NOCOLOR", "1")
+    result = ansible_runner.run(private_data_dir=str(pdd), playbook="status.yml", quiet=True,
+                                envvars={"ANSIBLE_COLLECTIONS_PATH": str(REPO / ".collections")})
+    stdout = result.stdout.read() if hasattr(result.stdout, "read") else ""
+    assert result.status == "successful" and result.rc == 0, stdout[-4000:]
+    shown = [e["event_data"]["res"]["msg"] for e in result.events
+             if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == "Show the status"]
+    assert len(shown) == 1, stdout[-4000:]
+    msg = shown[0]
+    assert str(msg["health"]) == "200"
+    assert msg["speculative"]["speculative_algorithm"] == "EAGLE3"
+    assert int(msg["speculative"]["speculative_num_draft_tokens"]) == 4
+    assert len(msg["gpus"]) == len(sim_node.status()["gpus"])
+    # env/extravars reached the run.
+    assert result.config.extra_vars or (pdd / "env" / "extravars").exists()
+    assert (pdd / "artifacts").is_dir()
