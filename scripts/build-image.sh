@@ -155,7 +155,9 @@ cleanup_rootfs() {
         # debootstrap may leave /proc or /sys mounted in the target on failure.
         local m
         for m in proc sys dev/pts dev; do
-            mountpoint -q "$ROOTFS/$m" 2>/dev/null && umount -l "$ROOTFS/$m" 2>/dev/null || true
+            if mountpoint -q "$ROOTFS/$m" 2>/dev/null; then
+                umount -l "$ROOTFS/$m" 2>/dev/null || true
+            fi
         done
         rm -rf --one-file-system "$ROOTFS" "$ROOTFS.log"
     fi

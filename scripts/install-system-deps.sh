@@ -34,6 +34,7 @@ esac
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
+    # shellcheck disable=SC2016 # ${Status} is dpkg-query's field, not a shell variable
     status="$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)"
     if [[ "$status" == "install ok installed" ]]; then
         echo "install-system-deps: $pkg already installed"

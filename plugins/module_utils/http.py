@@ -19,7 +19,6 @@ header; it is never put into the URL, and error messages never contain it.
 from __future__ import annotations
 
 import errno
-import http.client
 import json
 import socket
 import urllib.error
@@ -119,19 +118,23 @@ def request(method, url, body=None, api_key=None, timeout=DEFAULT_TIMEOUT, heade
     except urllib.error.HTTPError as exc:
         try:
             raw = exc.read()
-        except (OSError, socket.timeout):
+        except Exception:  # the error body is optional
             raw = b""
         hdrs = {k.lower(): v for k, v in (exc.headers or {}).items()}
         return exc.code, hdrs, _decode(raw, hdrs.get("content-type"))
-    except (urllib.error.URLError, OSError, socket.timeout, http.client.HTTPException) as exc:
+    except (urllib.error.URLError, OSError) as exc:
         raise _classify(url, exc) from None
+    except Exception as exc:  # http.client.HTTPException (bad status line, ...) is no OSError
+        raise HTTPConnectionError(url, "%s: %s" % (type(exc).__name__, exc)) from None
     try:
         with resp:
             raw = resp.read()
             hdrs = {k.lower(): v for k, v in resp.headers.items()}
             status = resp.status
-    except (OSError, socket.timeout, http.client.HTTPException) as exc:
+    except OSError as exc:
         raise _classify(url, exc) from None
+    except Exception as exc:  # http.client.IncompleteRead and friends
+        raise HTTPConnectionError(url, "%s: %s" % (type(exc).__name__, exc)) from None
     return status, hdrs, _decode(raw, hdrs.get("content-type"))
 
 

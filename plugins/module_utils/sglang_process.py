@@ -396,7 +396,7 @@ def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, te
     left += procfs.wait_gone(others, deadline)
     known = set(h.pid for h in left)
     if alive(pid, start):
-        left += [h for h in _handles(m for m in tree(pid) if m[0] not in known)]
+        left += _handles(m for m in tree(pid) if m[0] not in known)
     killed = [h.pid for h in left if _send(h, signal.SIGKILL)]
     still = procfs.wait_gone(left, procfs.Deadline(kill_grace), on_exit=_reap_main) if left else []
     if is_child:

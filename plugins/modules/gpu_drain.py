@@ -70,9 +70,10 @@ options:
     description:
       - Processes that are never signalled. Each entry is a process name or a Python regular expression that must
         match in full (C(re.fullmatch)) the process name (C(comm)), the basename of its executable (C(argv[0])) or
-        the whole command line; use C(.*) to match part of a command line, for example C(.*my_job\\.py.*).
-      - The default protects the daemons that keep GPU device files open (nvidia-smi.md section 3.7). Setting
-        this option replaces the list, so repeat the defaults you want to keep.
+        the whole command line; use C(.*) to match part of a command line, for example C(.*my_job\.py.*).
+      - The default protects the daemons that keep GPU device files open (persistence daemon, DCGM host engine
+        and exporter, Fabric Manager, X servers, CUDA MPS control daemon and server). Setting this option
+        replaces the list, so repeat the defaults you want to keep.
       - An excluded holder is reported in RV(not_signalled); its memory stays allocated.
     type: list
     elements: str
@@ -110,7 +111,7 @@ options:
       - After the drain, reset each target GPU that still holds more than O(max_used_mib) with no process listed
         (orphaned memory), with C(nvidia-smi --gpu-reset -i N), after waiting up to O(release_timeout) for memory
         of stopped processes to come back.
-      - A GPU is reset only when the preconditions of nvidia-smi.md section 1.8 hold. The module runs as root; no
+      - A GPU is reset only when the preconditions of C(nvidia-smi --gpu-reset) hold. The module runs as root; no
         compute process is listed on any GPU of the node; no process has the GPU's device file open; the GPU
         is not lost. Otherwise the GPU is reported in RV(reset) with the reason and a warning.
     type: bool
@@ -396,10 +397,8 @@ def exclude_match(info, exclude_res):
 
 
 def is_supervisor(info):
-    names = set([info.comm or ''])
-    exe = (info.exe_name or '').lstrip('-')
-    names.add(exe)
-    for name in names:
+    """The shell/session/supervisor name of ``info`` (comm first, then argv[0]), or None."""
+    for name in (info.comm or '', (info.exe_name or '').lstrip('-')):
         if name in SUPERVISOR_NAMES or name.startswith(SUPERVISOR_PREFIXES):
             return name
     return None
@@ -755,6 +754,8 @@ class Drain(object):
                 self.fail('gpus: %s' % exc)
         self.signal = procfs.parse_signal(p['signal'])
         self.device_patterns = _device_patterns(p, os.environ)
+        if p['nvidia_smi'] and not os.access(p['nvidia_smi'], os.X_OK):
+            self.fail('gpu_drain: nvidia_smi: %s is not an executable file' % p['nvidia_smi'])
         nvidia_smi = p['nvidia_smi'] or self.module.get_bin_path('nvidia-smi')
         self.runner = gpu_query.module_runner(self.module, p['command_timeout'])
         if p['backend'] == gpu_query.BACKEND_NVML and not gpu_query.HAS_PYNVML:
@@ -815,7 +816,6 @@ class Drain(object):
         targets, errors = gpu_query.select_gpus(snap, p['gpus'])
         if errors:
             self.fail('gpu_drain: gpus: %s' % '; '.join(errors))
-        target_labels = [g.get('index') for g in targets]
         for gpu in targets:
             if gpu.get('lost'):
                 self.warnings.append('%s is lost (%s): its processes cannot be listed' % (

@@ -501,6 +501,8 @@ class Assert(object):
         if p['backend'] == gpu_query.BACKEND_NVML and not gpu_query.HAS_PYNVML:
             self.module.fail_json(msg=missing_required_lib('nvidia-ml-py (pynvml)'),
                                   exception=str(gpu_query.PYNVML_IMPORT_ERROR))
+        if p['nvidia_smi'] and not os.access(p['nvidia_smi'], os.X_OK):
+            self.fail('gpu_memory_assert: nvidia_smi: %s is not an executable file' % p['nvidia_smi'])
         nvidia_smi = p['nvidia_smi'] or self.module.get_bin_path('nvidia-smi')
         if not nvidia_smi and (p['backend'] == gpu_query.BACKEND_NVIDIA_SMI or not gpu_query.HAS_PYNVML):
             self.fail('gpu_memory_assert: nvidia-smi was not found on PATH; install the NVIDIA driver utilities or '

@@ -345,7 +345,7 @@ def normalize_url(url):
     try:
         port = parts.port
     except ValueError:
-        raise ValueError("URL %r has an invalid port" % url)
+        raise ValueError("URL %r has an invalid port" % url) from None
     host = host.lower()
     if ":" in host:
         host = "[%s]" % host
@@ -585,7 +585,7 @@ class Router(object):
             status, _, data = request(method, url, body=body, api_key=self.api_key,
                                       timeout=timeout or self.request_timeout)
         except HTTPConnectionError as exc:
-            raise RouterError("cannot reach the router: %s" % exc)
+            raise RouterError("cannot reach the router: %s" % exc) from None
         if status in (401, 403):
             raise RouterError("%s %s: the router rejected the request with HTTP %d; set api_key to the router's --api-key"
                               % (method, path.split("?")[0], status))
@@ -610,7 +610,7 @@ class Router(object):
         try:
             return parse_workers(data, self.api_version)
         except ValueError as exc:
-            raise RouterError("GET %s: %s" % (path, exc))
+            raise RouterError("GET %s: %s" % (path, exc)) from None
 
     def job(self, worker_id, timeout=None):
         """0.3: the worker or job record behind ``/workers/{id}``; None on 404."""

@@ -18,7 +18,8 @@ Fixtures
     tracks every process it creates), ``smi(...)``, ``status()``,
     ``used(gpu)``, ``spawn_tree(...)`` (a small server tree: a session-leader
     root whose children hold GPU memory, like SGLang's launch_server and its
-    ``sglang::scheduler_TP*`` children) and ``spawn_decoy(...)``.
+    ``sglang::scheduler_TP*`` children), ``spawn_sglang(...)`` (the
+    simulator's fake SGLang server, healthy) and ``spawn_decoy(...)``.
 
 ``run_module``
     ``run_module(name, args, env, check=False, diff=False)`` runs
@@ -39,10 +40,12 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import pytest
 
@@ -289,6 +292,47 @@ class SimNode:
         for pid in info["children"]:
             self.procs.track(pid)
         return info
+
+    def spawn_sglang(self, gpus=(0, 1), args=(), env=None, timeout=60):
+        """Start the simulator's fake SGLang server (``python -m sglang.launch_server``) in its own
+        session, as systemd or setsid would, and wait until ``/health`` answers 200.
+
+        Returns ``{"pid", "port", "model_path"}``; the main process is tracked (its
+        children die with it through PDEATHSIG). Skips the test when the fake
+        server is not in the checkout.
+        """
+        if not (SIM_PY / "sglang" / "launch_server.py").exists():
+            pytest.skip("the fake SGLang server (simulator/python/sglang) is not available")
+        model = self.tmp_path / "model"
+        model.mkdir(exist_ok=True)
+        (model / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        run_env = dict(self.env)
+        run_env.update({"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus), "SGLANG_SIM_STARTUP_S": "0.2",
+                        "SGLANG_SIM_WARMUP_S": "0.1", "SGLANG_SIM_DRAIN_POLL_S": "0.2",
+                        "SGLANG_SIM_SHUTDOWN_S": "0.2"})
+        run_env.update(env or {})
+        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
+                "--port", str(port), "--tp-size", str(len(gpus))] + [str(a) for a in args]
+        log = open(self.tmp_path / ("sglang-%d.log" % port), "wb")
+        proc = self.procs.spawn(argv, env=run_env, stdout=log, cwd=str(self.tmp_path))
+        log.close()
+        url = "http://127.0.0.1:%d/health" % port
+
+        def healthy():
+            if proc.poll() is not None:
+                raise AssertionError("the fake SGLang server exited with %s" % proc.returncode)
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    return resp.status == 200
+            except (OSError, ValueError):
+                return False
+
+        if not wait_until(healthy, timeout=timeout, interval=0.1):
+            raise AssertionError("the fake SGLang server did not become healthy")
+        return {"pid": proc.pid, "port": port, "model_path": str(model)}
 
     def spawn_decoy(self, code="import time; time.sleep(600)", argv_extra=()):
         """A Python process that holds no GPU memory; returns its PID."""

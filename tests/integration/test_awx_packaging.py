@@ -7,8 +7,8 @@
   collection that ``ansible-doc`` and ``--syntax-check`` accept. The image build
   itself needs a registry and is not run.
 - ``docs/awx/survey.json`` asks only for variables declared in the roles'
-  ``meta/argument_specs.yml`` or in ``docs/awx/playbook_vars.yml``, with
-  compatible types, choices and defaults; every entry of playbook_vars.yml is
+  ``meta/argument_specs.yml`` or in ``docs/awx/variables.yml``, with
+  compatible types, choices and defaults; every entry of variables.yml is
   still read where it says; the credential type injects only declared secrets.
 - ``docs/awx/runner-example`` runs through ``ansible_runner.run()`` against a
   simulated GPU node with a simulated SGLang server.
@@ -65,15 +65,15 @@ def _pin(name):
 
 
 def declared_variables():
-    """name -> {type, default?, choices?, secret?, where} from the role specs and playbook_vars.yml."""
+    """name -> {type, default?, choices?, secret?, where} from the role specs and variables.yml."""
     out = {}
     for spec_file in sorted((REPO / "roles").glob("*/meta/argument_specs.yml")):
         for entry, spec in (_yaml(spec_file).get("argument_specs") or {}).items():
             for name, opt in (spec.get("options") or {}).items():
                 out.setdefault(name, dict(opt, where="%s (%s)" % (spec_file.relative_to(REPO), entry)))
-    for name, opt in _yaml(AWX / "playbook_vars.yml")["variables"].items():
-        assert name not in out, "%s is declared both in a role spec and in playbook_vars.yml" % name
-        out[name] = dict(opt, where="docs/awx/playbook_vars.yml")
+    for name, opt in _yaml(AWX / "variables.yml")["variables"].items():
+        assert name not in out, "%s is declared both in a role spec and in variables.yml" % name
+        out[name] = dict(opt, where="docs/awx/variables.yml")
     return out
 
 
@@ -217,7 +217,7 @@ def test_survey_matches_the_variable_specs():
         assert var not in seen, "duplicate survey variable %s" % var
         seen.add(var)
         assert var in declared, ("survey variable %s is neither in a role's meta/argument_specs.yml nor in "
-                                 "docs/awx/playbook_vars.yml" % var)
+                                 "docs/awx/variables.yml" % var)
         spec = declared[var]
         where = spec["where"]
         assert q["type"] in SURVEY_TYPES, q["type"]
@@ -249,8 +249,8 @@ def test_survey_matches_the_variable_specs():
         assert var in seen, var
 
 
-def test_playbook_vars_are_read_where_declared():
-    for name, opt in _yaml(AWX / "playbook_vars.yml")["variables"].items():
+def test_declared_variables_are_read_where_listed():
+    for name, opt in _yaml(AWX / "variables.yml")["variables"].items():
         assert opt.get("description"), name
         assert opt.get("type") in ("str", "int", "float", "bool", "dict", "list", "raw"), (name, opt.get("type"))
         assert opt.get("used_in"), name
@@ -266,7 +266,7 @@ def test_router_and_survey_variables_are_all_declared():
                   "sglang_router_add_result"}
     for rel in ("playbooks/tasks/router_remove.yml", "playbooks/tasks/router_add.yml"):
         for name in set(re.findall(r"(?<![.\w])sglang_router_[a-z_]+", (REPO / rel).read_text())) - registered:
-            assert name in declared, "%s reads %s, which docs/awx/playbook_vars.yml does not declare" % (rel, name)
+            assert name in declared, "%s reads %s, which docs/awx/variables.yml does not declare" % (rel, name)
     project = (AWX / "runner-example" / "project" / "redeploy.yml").read_text()
     survey_vars = {q["variable"] for q in json.loads((AWX / "survey.json").read_text())["spec"]}
     for name in set(re.findall(r"\bsglang_survey_[a-z_]+", project)):

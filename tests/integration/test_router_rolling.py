@@ -7,8 +7,10 @@ maximum count and a time limit) runs while ``playbooks/redeploy.yml`` rolls
 the three workers, one at a time (``sglang_serial: 1``), from the incident
 config (EAGLE3, topk 1, steps 1, 16 draft tokens, which SGLang runs as 2) to
 the same config resolved with ``honor_draft_tokens`` (steps 15, 16 draft
-tokens). The router runs with ``--disable-retries``, so a request that
-reaches a stopping worker would fail visibly instead of being retried. It
+tokens). The router runs with ``--disable-retries`` and slow health checks
+(30 s), so a request that reaches a stopping worker fails visibly instead of
+being retried or avoided by the router's own health checking; without the
+router steps (sglang_router_url empty) the same scenario loses requests. It
 asserts: no client request failed, every worker runs the new config, and the
 router lists all three as healthy at the end.
 
@@ -137,8 +139,11 @@ def start_router(servers, tmp_path, worker_urls=(), api_key=None):
     argv = [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
             "--policy", "round_robin",
-            # Defaults are 60 s checks and a 30 min startup timeout; a test needs seconds.
-            "--health-check-interval-secs", "1", "--health-failure-threshold", "2", "--health-success-threshold", "1",
+            # Health checks stay slow (default 60 s, here 30 s) on purpose: with checks every second the
+            # router would stop sending to a draining server on its own within about 2 s, and the test
+            # could not tell whether the playbook took the worker out first. The add job does its own
+            # health check, so re-adding does not wait for the interval. Startup timeout: seconds, not 30 min.
+            "--health-check-interval-secs", "30",
             "--worker-startup-timeout-secs", "30", "--worker-startup-check-interval", "1",
             # No retries: a request routed to a stopping worker must show up as a failure.
             "--disable-retries", "--log-level", "warn"]
@@ -285,7 +290,8 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
         "sglang_server_version": "0.5.23",
         "sglang_server_spec_policy": "honor_draft_tokens",
         "sglang_server_health_timeout": 60,
-        "gpu_teardown_term_timeout": 30,
+        # A server that still gets requests never finishes SGLang's own drain; 15 s bounds that case.
+        "gpu_teardown_term_timeout": 15,
         "gpu_verify_timeout": 30,
         "sglang_smoke_requests": 4,
         "sglang_smoke_max_new_tokens": 48,

@@ -7,7 +7,16 @@ import os
 import sys
 import warnings
 
-from sglang.srt.sim_config import Knobs, SimConfigError
+# Every server start runs several interpreters; compiling this package (the
+# 522-row flag table included) each time is a noticeable part of a test's
+# start-up on a loaded 2-core runner.  Cache bytecode (``__pycache__`` is
+# git-ignored) even under PYTHONDONTWRITEBYTECODE, as the gpusim wrappers do;
+# an unwritable tree just falls back to compiling.  Only in the server
+# processes: importing the package elsewhere changes nothing.
+if __name__ == "__main__":
+    sys.dont_write_bytecode = False
+
+from sglang.srt.sim_config import Knobs, SimConfigError  # noqa: E402
 
 
 def _gpu_context(knobs, sa):

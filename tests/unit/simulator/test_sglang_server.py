@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sglang_helpers import (  # noqa: E402
-    QWEN_CONFIG, GpuNode, ProcessRegistry, Server, alive, cmdline, comm, descendants,
+    GpuNode, ProcessRegistry, Server, alive, cmdline, comm, descendants,
     free_port, make_model, wait_for,
 )
 
@@ -429,9 +429,16 @@ def start(tmp_path, registry, node, model):
         servers.append(srv)
         return srv
 
-    yield _start
-    for srv in servers:
-        srv.close()
+    try:
+        yield _start
+    finally:
+        registry.kill_all()  # by recorded PID (and start time) only
+        for srv in servers:
+            try:
+                srv.proc.wait(timeout=10)  # reap: no zombies left behind
+            except Exception:
+                pass
+            srv.close()
 
 
 def run_to_exit(start, args, env=None, timeout=20, with_model=True, port=None):
@@ -515,6 +522,18 @@ class TestProcessTreeAndMemory:
         titles = sorted(cmdline(p)[0] for p in descendants(srv.pid))
         assert titles == ["sglang::detokenizer", "sglang::scheduler"]
 
+    def test_data_parallel_titles_and_invalid_device_ordinal(self, start, node):
+        srv = start(["--dp-size", "2"])
+        srv.wait_healthy()
+        titles = sorted(cmdline(p)[0] for p in srv.tree())
+        assert titles == ["sglang::detokenizer", "sglang::scheduler_DP0", "sglang::scheduler_DP1"]
+        used = node.used()
+        assert used[0] > 1000 and used[1] > 1000 and used[2] == 1
+        assert [l["dp_rank"] for l in srv.request("/v1/loads").json()["loads"]] == [0, 1]
+        srv, rc = run_to_exit(start, ["--tp-size", "2"], env={"CUDA_VISIBLE_DEVICES": "3"})
+        assert rc == -signal.SIGKILL
+        assert "RuntimeError: CUDA error: invalid device ordinal" in srv.log()
+
     def test_sigkill_of_main_takes_children_down(self, start, node):
         srv = start(["--tp-size", "2"])
         srv.wait_healthy()
@@ -559,9 +578,9 @@ class TestSignals:
         srv.wait_healthy()
         results = {}
 
-        def long_request():  # 180 tokens at 90 tok/s * 0.1 -> ~0.2 s... make it longer:
+        def long_request():  # 3600 tokens at 90 tok/s, time scale 0.1: ~4 s of wall time
             results["r"] = srv.request("/generate", "POST",
-                                       {"text": "x", "sampling_params": {"max_new_tokens": 1800}})
+                                       {"text": "x", "sampling_params": {"max_new_tokens": 3600}})
 
         t = threading.Thread(target=long_request)
         t.start()
@@ -758,8 +777,9 @@ class TestHttpApi:
         done = []
 
         def long_request():
+            # ~600 verify steps of 29 ms at time scale 0.2: ~3.5 s of wall time
             done.append(srv.request("/generate", "POST", {"text": "x", "sampling_params":
-                                                          {"max_new_tokens": 200}}).status)
+                                                          {"max_new_tokens": 1000}}).status)
 
         threads = [threading.Thread(target=long_request) for _ in range(2)]
         for t in threads:
@@ -811,6 +831,17 @@ class TestHttpApi:
     def test_health_semantics_0446(self, start):
         srv = start([], env={"SGLANG_SIM_VERSION": "0.4.6", "SGLANG_SIM_HANG": "warmup"})
         wait_for(lambda: srv.status("/health") == 200, 10, what="0.4.6 /health is liveness only")
+
+    def test_streaming_generate(self, start):
+        srv = start([])
+        srv.wait_healthy()
+        r = srv.request("/generate", "POST", {"text": "hi", "stream": True,
+                                              "sampling_params": {"max_new_tokens": 5}})
+        assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [l[len("data: "):] for l in r.body.decode().splitlines() if l.startswith("data: ")]
+        assert events[-1] == "[DONE]" and len(events) >= 3
+        last = json.loads(events[-2])
+        assert last["meta_info"]["completion_tokens"] == 5 and len(last["output_ids"]) == 5
 
     def test_openai_endpoints(self, start):
         srv = start(["--served-model-name", "qwen"])
@@ -868,7 +899,7 @@ class TestFaultKnobs:
         assert codes[0::2] != codes[1::2]
 
     def test_crash_after_ready_is_seen_by_the_watchdog(self, start):
-        srv = start([], env={"SGLANG_SIM_CRASH_AFTER_S": "0.5"})
+        srv = start([], env={"SGLANG_SIM_CRASH_AFTER_S": "2"})
         srv.wait_healthy()
         assert srv.wait(15) == -signal.SIGKILL
         assert re.search(r"Subprocess scheduler_0 \(pid=\d+\) crashed with exit code -6", srv.log())

@@ -79,7 +79,7 @@ def spawn_child(title: str, module: str, payload: dict, env=None):
     ``/proc/<pid>/cmdline`` of a scheduler reads ``sglang::scheduler_TP3``.
     Here the child is exec'd with ``argv == [title]`` and the interpreter
     given separately (``executable=``); with no arguments Python reads its
-    program from stdin, which gets a two-line bootstrap that runs ``module``
+    program from stdin, which gets a three-line bootstrap that runs ``module``
     and is then closed.  ``PYTHONHOME`` is pinned to this interpreter's base
     prefix because Python can no longer derive it from ``argv[0]``.  The
     child sets ``/proc/self/comm`` itself (15 characters: ``sglang::schedul``).
@@ -98,7 +98,8 @@ def spawn_child(title: str, module: str, payload: dict, env=None):
         child_env["PYTHONHOME"] = home
     child_env["SGLANG_SIM_CHILD_FD"] = str(child_sock.fileno())
     child_env["SGLANG_SIM_CHILD"] = json.dumps(payload)
-    code = ("import runpy\n"
+    code = ("import runpy, sys\n"
+            "sys.dont_write_bytecode = False\n"
             "runpy.run_module(%r, run_name='__main__', alter_sys=True)\n" % module)
     proc = subprocess.Popen([title], executable=_python_executable(), stdin=subprocess.PIPE,
                             pass_fds=(child_sock.fileno(),), env=child_env, close_fds=True)

@@ -89,7 +89,7 @@ def main(root):
     base = os.path.join(root, "sglang", "srt", "arg_groups")
     consts = _literal_consts(os.path.join(base, "choices.py"))
     order_src = open(os.path.join(base, "field_order.py")).read()
-    order = list(ast.literal_eval(ast.parse(order_src).body[-1].value)) if False else []
+    order = []
     for node in ast.parse(order_src).body:
         if isinstance(node, ast.Assign) and node.targets[0].id == "POSITIONAL_FIELD_ORDER":
             order = list(ast.literal_eval(node.value))

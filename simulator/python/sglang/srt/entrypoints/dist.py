@@ -96,7 +96,7 @@ class DistServer:
                         f"{self.nnodes - 1 - len(self.ready)} node(s) to join at "
                         f"{self.host}:{self.port}")
                 if not alive():
-                    return
+                    raise EOFError("Rank 0 scheduler is dead while waiting for the other nodes.")
                 if not logged:
                     logger.info(f"Waiting for {self.nnodes - 1 - len(self.ready)} more node(s) "
                                 f"to join at {self.host}:{self.port}")

@@ -41,7 +41,6 @@ import socket
 import sys
 import threading
 import time
-import urllib.request
 
 from sglang.srt import utils
 from sglang.srt.managers.tokenizer_manager import E2E_BUCKETS, ServerStatus, TokenizerManager
@@ -627,21 +626,29 @@ class Engine:
         time.sleep(knobs.warmup_s)
         if knobs.hang == "warmup":
             return  # SGLANG_SIM_HANG=warmup: never becomes healthy
+        import http.client
+
         host = "127.0.0.1" if sa.host in ("0.0.0.0", "", None) else sa.host
         if host == "::":
             host = "::1"
-        url = f"http://[{host}]:{sa.port}" if ":" in host else f"http://{host}:{sa.port}"
         headers = {"Content-Type": "application/json"}
         if sa.api_key:
             headers["Authorization"] = f"Bearer {sa.api_key}"
         try:
+            # Like the real warmup: poll the model info, then one short generate.
+            conn = http.client.HTTPConnection(host, sa.port, timeout=120)
             path = "/model_info" if knobs.at_least(0, 5, 10) else "/get_model_info"
-            urllib.request.urlopen(urllib.request.Request(url + path, headers=headers),
-                                   timeout=30).read()
-            body = json.dumps({"text": "The capital city of France is",
-                               "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
-            urllib.request.urlopen(urllib.request.Request(url + "/generate", data=body.encode(),
-                                                          headers=headers), timeout=120).read()
+            for method, url, body in ((
+                    "GET", path, None),
+                    ("POST", "/generate", json.dumps({
+                        "text": "The capital city of France is",
+                        "sampling_params": {"temperature": 0, "max_new_tokens": 8}}))):
+                conn.request(method, url, body=body, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{method} {url} returned {resp.status}")
+            conn.close()
         except Exception as e:
             logger.error(f"Initialization failed. warmup error: {e!r}")
             self.kill_process_tree(include_parent=True)

@@ -33,7 +33,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from sglang.srt.managers.tokenizer_manager import E2E_BUCKETS, ServerStatus
+from sglang.srt.managers.tokenizer_manager import ServerStatus
 
 logger = logging.getLogger("sglang.srt.entrypoints.http_server")
 access_logger = logging.getLogger("uvicorn.access")
@@ -90,7 +90,7 @@ class _Base(BaseHTTPRequestHandler):
 
     def send_body(self, code, body=b"", content_type="application/json", headers=None):
         if isinstance(body, (dict, list)):
-            body = json.dumps(body).encode()
+            body = json.dumps(body, default=str).encode()
         elif isinstance(body, str):
             body = body.encode()
         self.send_response_only(code)
@@ -544,4 +544,4 @@ def metric_block(name, kind, help_text, samples):
     return lines
 
 
-__all__ = ["make_http_server", "make_dummy_health_server", "metric_block", "E2E_BUCKETS"]
+__all__ = ["make_http_server", "make_dummy_health_server", "metric_block"]

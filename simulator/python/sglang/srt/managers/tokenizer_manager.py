@@ -172,8 +172,8 @@ class TokenizerManager:
                  prompt_key=None):
         """Run one request; returns ``(output_ids, text, meta_info)``.
 
-        ``on_progress(output_ids, text, meta_partial)`` is called after each
-        verify step group when streaming.
+        ``on_progress(output_ids, text, verify_steps_done)`` is called after
+        each verify step when streaming.
         """
         self._on_first_request()
         rid = rid or uuid.uuid4().hex
@@ -247,14 +247,13 @@ class TokenizerManager:
         meta = {"id": rid}
         if aborted:
             meta["finish_reason"] = {"type": "abort", "message": "Abort before prefill"
-                                     if produced == 0 else "Abort in waiting queue"}
+                                     if produced == 0 else "Abort in running batch"}
         else:
             meta["finish_reason"] = {"type": "length", "length": max_new_tokens}
-        meta.update({"prompt_tokens": prompt_tokens, "weight_version": "default",
-                     "num_retractions": 0})
+        meta["prompt_tokens"] = prompt_tokens
         vt = self.knobs.vt
         if vt >= (0, 5, 10):
-            meta["reasoning_tokens"] = 0
+            meta.update({"weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0})
         meta.update({"completion_tokens": produced, "cached_tokens": cached})
         # Simulated seconds: time waiting for a running slot plus decode time.
         scale = self.knobs.time_scale

@@ -1,0 +1,470 @@
+"""The playbooks (``redeploy.yml``, ``status.yml``, ``verify.yml``,
+``teardown.yml``) end to end, through ``ansible_runner``, against one
+simulated 8 x H200 node on localhost (``playbook_helpers.SimNode``: its own
+``GPUSIM_ROOT``, the fake SGLang server, ``sglang_server_manager: process``).
+
+Assertions read runner events (task names, ``runner_on_ok`` /
+``runner_on_failed``, ``event_data.res``), the play stats, the JSON/Markdown
+run report and the node itself (``/server_info``, ``/health``, PIDs, GPU
+memory), never printed text.
+
+The tests share one node and run in file order, like an operator's day:
+the incident server is replaced, a second run is a no-op, a check-mode run
+plans, bad configs fail at preflight, a crashing candidate is rolled back,
+two runs meet on the lock, the read-only playbooks look at the node, stuck
+GPU memory defeats both the redeploy and the rollback, the node is torn
+down. ``ensure_deployed`` brings the node back to the known-good config
+when a test runs alone or after a failure. An unrelated Python process (the
+decoy) must survive every test, and the API key marker must appear in no
+event, artifact, report or server command line.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from playbook_helpers import (FAST_SERVER_ENV, HOST, REPORT_KEYS, RESOLVED_SPEC, Procs, SimNode, alive, cmdline,  # noqa: E402
+                              environ_of, http_get, read_pid_file, session_members, starttime, wait_for)
+
+pytestmark = pytest.mark.slow
+
+TARGET_GPUS = [0, 1]          # tp_size 2: the first two GPUs
+OTHER_GPUS = [2, 3, 4, 5, 6, 7]
+IDLE_MIB = 1                  # gpusim's idle used memory
+
+
+# --------------------------------------------------------------------------
+# Fixtures
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def procs():
+    tracker = Procs()
+    yield tracker
+    left = tracker.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, procs):
+    n = SimNode(tmp_path_factory.mktemp("redeploy-node"), procs)
+    n.decoy = n.start_decoy()
+    n.decoy_start = starttime(n.decoy)
+    return n
+
+
+@pytest.fixture(autouse=True)
+def decoy_survives(request):
+    """The unrelated Python process outlives every scenario."""
+    yield
+    if "node" in request.fixturenames:
+        n = request.getfixturevalue("node")
+        assert alive(n.decoy, n.decoy_start), "the unrelated process %d (python3 -c sleep) was killed" % n.decoy
+
+
+def good_server_running(node):
+    """The managed server runs the resolved incident config with the fast knobs and no fault knob."""
+    pid = node.server_pid()
+    if not pid or not alive(pid) or node.health() != 200:
+        return None
+    status, info = http_get(node.url + "/server_info", api_key=node.api_key)
+    if status != 200 or any(info.get(k) != v for k, v in RESOLVED_SPEC.items()):
+        return None
+    env = environ_of(pid).split("\0")
+    if any(e.startswith(("SGLANG_SIM_CRASH", "SGLANG_SIM_HANG")) for e in env):
+        return None
+    if any("%s=%s" % kv not in env for kv in FAST_SERVER_ENV.items()):
+        return None
+    return pid
+
+
+def ensure_deployed(node):
+    """The PID of a healthy managed server with the good config; redeploys it (forced) when needed."""
+    pid = good_server_running(node)
+    if pid:
+        return pid
+    run = node.run(extravars={"sglang_redeploy_force": True})
+    assert run.rc == 0, run.summary()
+    pid = good_server_running(node)
+    assert pid, "the forced redeploy left no healthy server with the good config"
+    return pid
+
+
+def holds_by_pid(node):
+    return sorted((h.get("pid"), tuple(h.get("gpus", [])), h.get("mib")) for h in node.holds())
+
+
+def assert_gpus(node, busy, idle=OTHER_GPUS):
+    used = node.used()
+    for g in busy:
+        assert used[g] > 100000, "GPU %d should hold the server: %s" % (g, used)
+    for g in idle:
+        assert used[g] == IDLE_MIB, "GPU %d should be idle: %s" % (g, used)
+
+
+def assert_row_shape(row):
+    missing = [k for k in REPORT_KEYS if k not in row]
+    assert not missing, "report keys missing: %s in %s" % (missing, sorted(row))
+    assert set(row["smoke"]) >= {"tokens_per_s", "accept_length"}
+    assert set(row["rollback"]) >= {"status", "detail"}
+
+
+def adjustment_lines(run):
+    return [e["event_data"]["res"].get("msg", "") for e in run.task_events(
+        "Show every adjustment SGLang would make, and every policy choice", kinds=("runner_item_on_ok",))]
+
+
+# --------------------------------------------------------------------------
+# Scenarios
+# --------------------------------------------------------------------------
+
+def test_happy_path_replaces_the_incident_server(node):
+    """The incident server (started by hand: EAGLE3, topk 1, steps 1, 16 draft tokens, which SGLang runs
+    with 2) is replaced by the honor_draft_tokens resolution (steps 15, 16 draft tokens)."""
+    old_pid = node.start_server_by_hand(node.server_args(), log_name="incident.log")
+    old_tree = session_members(old_pid)
+    assert node.server_info()["speculative_num_draft_tokens"] == 2      # the incident, as SGLang runs it
+
+    run = node.run()
+    assert run.rc == 0 and run.status == "successful", run.summary()
+    stats = run.host_stats()
+    assert stats["failures"] == 0 and stats["changed"] > 0, stats
+
+    # Preflight showed the policy choice, and SGLang's own warning for the rest.
+    lines = adjustment_lines(run)
+    assert any(line.startswith("speculative_num_steps: 1 -> 15 [policy.honor_draft_tokens") for line in lines), lines
+    effective = run.task_result("Show the effective speculative settings")["msg"]["effective"]
+    assert {k: effective[k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
+
+    # The drain signalled the incident server (adopted: it was not recorded anywhere) and nothing else.
+    drain = run.task_result("Drain the target GPUs")
+    assert drain["changed"] is True
+    roots = [p for p in drain["signalled"] if p["role"] == "root"]
+    assert [p["pid"] for p in roots] == [old_pid] and roots[0]["signals"][0] == "SIGTERM", drain["signalled"]
+    assert sorted(p["pid"] for p in drain["signalled"]) == sorted(old_tree), (drain["signalled"], old_tree)
+    assert node.decoy not in [p["pid"] for p in drain["signalled"]]
+    assert not any(alive(p) for p in old_tree)
+
+    # The launch verified the effective config against the intended one.
+    launch = run.task_result("Launch the server and verify its effective config")
+    assert launch["changed"] is True and launch["overrides"] == [], launch
+    assert {k: launch["effective"][k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
+    new_pid = node.server_pid()
+    assert launch["pid"] == new_pid and new_pid != old_pid and alive(new_pid)
+
+    # The server itself says so.
+    info = node.server_info()
+    assert {k: info[k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
+    assert info["speculative_algorithm"] == "EAGLE3" and info["tp_size"] == 2
+    assert http_get(node.url + "/server_info")[0] == 401        # the API key is in force ...
+    for pid in node.server_tree(new_pid):                       # ... and on no command line
+        assert node.api_key not in "\0".join(cmdline(pid))
+    assert "--config" in cmdline(new_pid)
+    assert_gpus(node, TARGET_GPUS)
+
+    smoke = run.task_result("Run the smoke benchmark")
+    assert smoke["accept_length"] >= 2.0 and smoke["tokens_per_s"] > 0, smoke
+
+    # The report: documented keys, status deployed, masked args.
+    row = run.row()
+    assert_row_shape(row)
+    assert row["status"] == "deployed" and row["step"] == "done" and row["error"] is None, row
+    assert row["plan"] == "start"           # nothing recorded a server: the hand-started one was adopted
+    assert row["run_id"] and run.report_paths[0].name == "%s-redeploy.json" % row["run_id"]
+    assert {k: row["effective_args"][k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
+    assert "api_key" not in row["effective_args"] or row["effective_args"]["api_key"] == "********"
+    assert any(a["arg"] == "speculative_num_steps" and a["from"] == 1 and a["to"] == 15
+               and a["rule"] == "policy.honor_draft_tokens" for a in row["adjustments"]), row["adjustments"]
+    assert old_pid in [p["pid"] for p in row["signalled"]]
+    assert [g["index"] for g in row["gpus_before"]] == TARGET_GPUS
+    assert [g["index"] for g in row["gpus_after"]] == TARGET_GPUS
+    assert all(g["used_mib"] > 100000 for g in row["gpus_after"])
+    assert row["startup_s"] > 0 and row["smoke"]["accept_length"] == smoke["accept_length"]
+    assert row["rollback"] == {"status": "not_needed", "detail": None}
+    assert "| %s | deployed | done | EAGLE3 / 15 / 1 / 16 |" % HOST in run.report_md, run.report_md
+
+    # The verified config is the node's known-good now.
+    known_good = json.loads((node.etc / "known-good" / "server.json").read_text())
+    assert {k: known_good["args"][k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
+
+
+def test_second_run_is_a_no_op(node):
+    pid = ensure_deployed(node)
+    holds = holds_by_pid(node)
+    run = node.run()
+    assert run.rc == 0, run.summary()
+    assert run.host_stats()["changed"] == 0, [t for t, r in [(e["event_data"]["task"], e["event_data"]["res"])
+                                                        for e in run.results(("runner_on_ok",))] if r.get("changed")]
+    row = run.row()
+    assert row["status"] == "unchanged" and row["plan"] == "none" and row["error"] is None, row
+    assert row["signalled"] == [] and row["rollback"]["status"] == "not_needed"
+    assert not run.ran("Take the node lock") and not run.ran("Drain the target GPUs")
+    assert node.server_pid() == pid and alive(pid) and node.health() == 200
+    assert holds_by_pid(node) == holds
+
+
+def test_check_mode_changes_nothing(node):
+    pid = ensure_deployed(node)
+    holds = holds_by_pid(node)
+    watched = {d: node.files_under(d) for d in (node.etc, node.state, node.lock_dir)}
+    # A real change (16 -> 8 draft tokens, which honor_draft_tokens runs with 7 steps), planned only.
+    hv = node.host_vars(sglang_server_args=node.server_args(speculative_num_draft_tokens=8))
+    run = node.run(host_vars=hv, check=True)
+    assert run.rc == 0, run.summary()
+
+    # What would be signalled: the managed server's tree, found from its PID file and its GPUs.
+    would = run.task_result("Drain the target GPUs")
+    assert would["changed"] is True
+    assert pid in [p["pid"] for p in would["signalled"] if p["role"] == "root"], would["signalled"]
+    assert set(node.server_tree(pid)) <= {p["pid"] for p in would["signalled"]}
+    assert node.decoy not in [p["pid"] for p in would["signalled"]]
+    # The effective args that would run.
+    effective = run.task_result("Show the effective speculative settings")["msg"]["effective"]
+    assert (effective["speculative_num_steps"], effective["speculative_num_draft_tokens"]) == (7, 8)
+    plan = run.task_result("Plan the launch (nothing starts in this step)")
+    argv = plan["argv"]
+    assert plan["action"] == "restart"
+    assert argv[argv.index("--speculative-num-steps") + 1] == "7" and argv[argv.index("--speculative-num-draft-tokens") + 1] == "8"
+    assert not run.ran("Take the node lock") and not run.ran("Launch the server and verify its effective config")
+
+    # Nothing changed on the node.
+    assert {d: node.files_under(d) for d in watched} == watched
+    assert node.server_pid() == pid and alive(pid) and node.health() == 200
+    assert holds_by_pid(node) == holds
+    assert node.server_info()["speculative_num_draft_tokens"] == 16
+
+    row = run.row()
+    assert row["status"] == "planned" and row["plan"] == "restart", row
+    assert (row["effective_args"]["speculative_num_steps"], row["effective_args"]["speculative_num_draft_tokens"]) == (7, 8)
+    assert pid in [p["pid"] for p in row["signalled"]]
+
+
+BAD_CONFIGS = {
+    # topk 1 and a draft-token count without steps: strict refuses what SGLang would silently change.
+    "bad-strict": ({"sglang_server_spec_policy": "strict"}, {"speculative_num_steps": None},
+                   "speculative_num_steps: not set while speculative_eagle_topk and speculative_num_draft_tokens are set"),
+    # trtllm_mha supports only topk 1.
+    "bad-trtllm": ({}, {"attention_backend": "trtllm_mha", "speculative_eagle_topk": 4, "speculative_num_steps": 3,
+                        "speculative_num_draft_tokens": 8},
+                   "trtllm_mha backend only supports topk = 1"),
+    # The model is not on the node.
+    "bad-model": ({}, {"model_path": "/nonexistent/kimi-k2.5"},
+                  "sglang_server_args.model_path: /nonexistent/kimi-k2.5 does not exist"),
+}
+
+
+def test_bad_configs_fail_at_preflight_and_the_server_keeps_serving(node):
+    """Three bad configs, as three inventory hosts on the same node in one run (one batch)."""
+    pid = ensure_deployed(node)
+    tree = node.server_tree(pid)
+    holds = holds_by_pid(node)
+    used = node.used()
+    hosts = {}
+    for name, (extra_vars, arg_changes, _) in BAD_CONFIGS.items():
+        hosts[name] = node.host_vars(sglang_server_args=node.server_args(**arg_changes), **extra_vars)
+    run = node.run(hosts=hosts, extravars={"sglang_serial": len(hosts)})
+    assert run.rc != 0
+
+    for name, (_, _, expected) in BAD_CONFIGS.items():
+        stats = run.host_stats(name)
+        assert stats["failures"] == 1 and stats["changed"] == 0, (name, stats)
+        failed = run.task_result("Fail before touching the node when the config or the node is not ready", host=name)
+        assert failed["failed"] is True
+        assert "the running server was not touched" in failed["msg"] and expected in failed["msg"], (name, failed["msg"])
+        for task in ("Take the node lock", "Drain the target GPUs", "Launch the server and verify its effective config"):
+            assert not run.ran(task, host=name), (name, task)
+        row = run.row(name)
+        assert_row_shape(row)
+        assert row["status"] == "failed" and row["step"] == "preflight", row
+        assert row["error"].startswith("preflight failed: Preflight failed on %s" % name) and expected in row["error"], row
+        assert row["signalled"] == [] and row["rollback"] == {"status": "not_needed", "detail": None}
+    assert len(run.report) == len(BAD_CONFIGS)
+
+    # The old server is the same process tree, still serving, and its GPUs are untouched.
+    assert node.server_pid() == pid and all(alive(p) for p in tree) and node.server_tree(pid) == tree
+    assert node.health() == 200
+    assert holds_by_pid(node) == holds and node.used() == used
+
+
+def test_crash_on_launch_rolls_back_to_the_known_good_config(node):
+    old_pid = ensure_deployed(node)
+    # The candidate differs only by a fault knob: scheduler TP0 raises while loading.
+    hv = node.host_vars(server_env={"SGLANG_SIM_CRASH_ON_LOAD": "1"})
+    run = node.run(host_vars=hv)
+    assert run.rc != 0
+    assert run.host_stats()["failures"] == 1
+
+    launch = run.task_result("Launch the server and verify its effective config")
+    assert launch["failed"] is True, launch
+    relaunch = run.task_result("Relaunch the known-good server")
+    assert relaunch.get("failed") is not True and relaunch["pid"], relaunch
+    fail_msg = run.task_result("Fail the host")["msg"]
+    assert fail_msg.startswith("Redeploy of %s failed at launch failed: " % HOST), fail_msg
+    assert "Rollback succeeded: relaunched the last known-good config (pid %d," % relaunch["pid"] in fail_msg, fail_msg
+
+    row = run.row()
+    assert_row_shape(row)
+    assert row["status"] == "rolled_back" and row["step"] == "launch", row
+    assert row["error"].startswith("launch failed: ") and row["error"][len("launch failed: "):] == launch["msg"], row
+    assert row["rollback"]["status"] == "succeeded"
+    assert "pid %d" % relaunch["pid"] in row["rollback"]["detail"]
+    assert old_pid in [p["pid"] for p in row["signalled"]]
+
+    # The known-good config runs again, healthy, in a new process without the fault knob.
+    new_pid = node.server_pid()
+    assert new_pid == relaunch["pid"] and new_pid != old_pid and not alive(old_pid)
+    assert node.health() == 200
+    info = node.server_info()
+    assert {k: info[k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
+    assert "SGLANG_SIM_CRASH_ON_LOAD=1" not in environ_of(new_pid).split("\0")
+    for pid in node.server_tree(new_pid):
+        assert node.api_key not in "\0".join(cmdline(pid))
+    assert_gpus(node, TARGET_GPUS)
+    known_good = json.loads((node.etc / "known-good" / "server.json").read_text())
+    assert "SGLANG_SIM_CRASH_ON_LOAD" not in known_good["env"]
+
+
+def test_concurrent_runs_meet_on_the_lock(node):
+    """Run A redeploys (forced) and holds the lock; B (lock timeout 1 s) fails naming A; C (long timeout)
+    waits, plans again under the lock and finds nothing to do."""
+    ensure_deployed(node)
+    # A's smoke benchmark (about 10 s of generation) keeps the lock held while B and C arrive.
+    run_a = node.start(host_vars=node.host_vars(sglang_smoke_requests=8, sglang_smoke_max_new_tokens=128),
+                       extravars={"sglang_redeploy_force": True})
+    holder = wait_for(lambda: read_json(node.lock_path / "holder.json"), 240, 0.05, "run A to take the lock")
+    run_b = node.start(host_vars=node.host_vars(sglang_lock_timeout=1))
+    run_c = node.start(host_vars=node.host_vars(sglang_lock_timeout=240))
+    a, b, c = run_a.wait(), run_b.wait(), run_c.wait()
+
+    assert a.rc == 0, a.summary()
+    row_a = a.row()
+    assert row_a["status"] == "deployed" and row_a["run_id"] == holder["owner"]
+
+    # B: fails on the lock, naming A's run; touches nothing.
+    assert b.rc != 0
+    lock_b = b.task_result("Take the node lock")
+    assert lock_b["failed"] is True and lock_b["acquired"] is False
+    assert lock_b["msg"].startswith("Another redeploy holds the node lock %s: run %s " % (node.lock_path, holder["owner"])), lock_b["msg"]
+    assert lock_b["holder"]["owner"] == holder["owner"]
+    assert not b.ran("Drain the target GPUs") and not b.ran("Launch the server and verify its effective config")
+    row_b = b.row()
+    assert row_b["status"] == "failed" and row_b["step"] == "lock", row_b
+    assert row_b["error"] == "lock failed: " + lock_b["msg"]
+
+    # C: waited for A, planned again under the lock, found the config deployed.
+    assert c.rc == 0, c.summary()
+    lock_c = c.task_result("Take the node lock")
+    assert lock_c["acquired"] is True and lock_c["waited"] > 0.5, lock_c
+    assert c.task_result("Decide again under the lock whether this host needs a redeploy")["ansible_facts"]["sglang_redeploy_needed"] is False
+    assert c.ran("Say that another run already did the work")
+    assert not c.ran("Drain the target GPUs") and not c.ran("Launch the server and verify its effective config")
+    row_c = c.row()
+    assert row_c["status"] == "unchanged" and row_c["plan"] == "none", row_c
+    assert c.task_result("Release the node lock")["changed"] is True
+
+    assert not node.lock_path.exists()
+    assert node.server_pid() == a.task_result("Launch the server and verify its effective config")["pid"]
+    assert good_server_running(node)
+
+
+def read_json(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_status_playbook_reports_the_running_server(node):
+    pid = ensure_deployed(node)
+    run = node.run("status.yml")
+    assert run.rc == 0, run.summary()
+    assert run.host_stats()["changed"] == 0
+    status = run.task_result("Show the status")["msg"]
+    assert status["health"] == 200
+    assert status["managed_server"]["pid"] == pid and status["managed_server"]["running"] is True
+    assert status["speculative"] == dict(RESOLVED_SPEC, speculative_algorithm="EAGLE3")
+    assert [g[0] for g in status["gpus"]] == TARGET_GPUS or [g[0] for g in status["gpus"]] == list(range(8))
+    assert node.server_pid() == pid and alive(pid)
+
+
+def test_verify_playbook_checks_allocated_and_free(node):
+    pid = ensure_deployed(node)
+    run = node.run("verify.yml", extravars={"gpu_verify_state": "allocated", "gpu_verify_gpus": ["0", "1"]})
+    assert run.rc == 0, run.summary()
+    assert run.task_result("Verify GPU memory is allocated").get("failed") is not True
+
+    # The server's GPUs are not free: the diagnosis names its scheduler PIDs; nothing is touched.
+    run = node.run("verify.yml", extravars={"gpu_verify_state": "free", "gpu_verify_gpus": ["0", "1"],
+                                            "gpu_verify_timeout": 1})
+    assert run.rc != 0
+    res = run.task_result("Verify GPU memory is free")
+    assert res["failed"] is True
+    schedulers = [p for p in node.server_tree(pid) if p != pid]
+    assert any(str(p) in res["msg"] for p in schedulers), res["msg"]
+    assert node.server_pid() == pid and alive(pid) and node.health() == 200
+
+
+def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
+    """Orphaned memory (a context the driver kept) on GPU 1: the teardown cannot free it, the verify-free
+    step fails with the diagnosis, and the rollback cannot relaunch the known-good config on busy GPUs."""
+    old_pid = ensure_deployed(node)
+    node.gpusim("orphan", "--gpu", 1, "--mib", 2048)
+    run = node.run(host_vars=node.host_vars(gpu_verify_timeout=2), extravars={"sglang_redeploy_force": True})
+    assert run.rc != 0
+
+    verify = run.task_results("Verify GPU memory is free")
+    assert len(verify) == 2 and all(r["failed"] for r in verify), verify    # the redeploy's and the rollback's
+    diag = [d for d in verify[0]["diagnosis"] if d.get("kind") == "orphaned"]
+    assert [d["gpu"] for d in diag] == [1], verify[0]["diagnosis"]
+    assert "GPU 1: 2048 MiB held by no process" in verify[0]["msg"] and "a GPU reset is needed" in verify[0]["msg"], verify[0]["msg"]
+    assert not run.ran("Launch the server and verify its effective config") and not run.ran("Relaunch the known-good server")
+
+    fail_msg = run.task_result("Fail the host")["msg"]
+    assert fail_msg.startswith("Redeploy of %s failed at teardown failed: " % HOST), fail_msg
+    assert "Rollback failed: " in fail_msg and "GPU 1: 2048 MiB held by no process" in fail_msg.split("Rollback failed: ")[1]
+
+    row = run.row()
+    assert_row_shape(row)
+    assert row["status"] == "failed" and row["step"] == "teardown", row
+    assert "GPU 1: 2048 MiB held by no process" in row["error"]
+    assert row["rollback"]["status"] == "failed"
+    assert "GPU 1: 2048 MiB held by no process" in row["rollback"]["detail"]
+    assert old_pid in [p["pid"] for p in row["signalled"]]
+
+    # The honest end state: the old server is gone, no server runs, GPU 1 keeps the orphaned 2 GiB.
+    assert not alive(old_pid) and node.health() is None
+    used = node.used()
+    assert used[0] == IDLE_MIB and used[1] == IDLE_MIB + 2048, used
+
+    # The fix the diagnosis names, then the redeploy again.
+    reset = node.smi("--gpu-reset", "-i", "1")
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    run = node.run()
+    assert run.rc == 0, run.summary()
+    assert run.row()["status"] == "deployed" and run.row()["plan"] == "start"
+    assert good_server_running(node)
+
+
+def test_teardown_playbook_frees_the_gpus(node):
+    pid = ensure_deployed(node)
+    tree = node.server_tree(pid)
+    run = node.run("teardown.yml")
+    assert run.rc == 0, run.summary()
+    drain = run.task_result("Drain the target GPUs")
+    assert [p["pid"] for p in drain["signalled"] if p["role"] == "root"] == [pid]
+    assert node.decoy not in [p["pid"] for p in drain["signalled"]]
+    assert run.task_result("Verify GPU memory is free").get("failed") is not True
+    assert run.task_result("Take the node lock")["acquired"] is True
+    assert run.task_result("Release the node lock")["changed"] is True and not node.lock_path.exists()
+    assert not any(alive(p) for p in tree)
+    assert all(v == IDLE_MIB for v in node.used().values()), node.used()
+
+
+def test_api_key_appears_in_no_event_report_or_command_line(node):
+    """Every run of this module (all scenarios above), every report file, and the server's command lines."""
+    if not node.runs_done:
+        ensure_deployed(node)
+    assert node.runs_done and list(node.reports.glob("*"))
+    assert node.leaks() == []
