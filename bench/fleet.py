@@ -202,7 +202,7 @@ def run_size(opts, workdir, size, n):
     env = c.base_env()
     load = c.loadavg()
     prof = os.path.join(base, "controller-%d.prof" % n) if opts.profile else None
-    res = c.run_playbook(["-i", os.path.join(base, "inventory.yml"), os.path.join(c.REPO, "playbooks", "redeploy.yml"),
+    res = c.run_playbook(["-i", os.path.join(base, "inventory.yml"), opts.playbook,
                           "-l", "gpu-nodes", "-e", json.dumps({"sglang_serial": "100%"})],
                          env, os.path.join(base, "ansible-%d.log" % n), base, profile=opts.profile, cprofile=prof)
     timing = res["timing"] or []

@@ -1,7 +1,7 @@
 """`make bench`: the teardown benchmark and the fleet benchmark.
 
     .venv/bin/python bench/run.py [--only teardown|fleet] [--runs N] [--sizes 1,8,32]
-                                  [--fleet-runs N] [--profile] [--keep]
+                                  [--fleet-runs N] [--profile] [--playbook PATH] [--keep]
 
 Prints tables and writes bench/results/<UTC timestamp>.json. Every process the
 benchmark starts (simulated holders, fake SGLang servers, the servers the
@@ -31,6 +31,8 @@ def parse_args(argv=None):
     ap.add_argument("--fleet-runs", type=int, default=1, help="timed redeploys per fleet size (default 1)")
     ap.add_argument("--profile", action="store_true",
                     help="fleet: also enable profile_tasks/profile_roles and cProfile the controller process")
+    ap.add_argument("--playbook", default=os.path.join(c.REPO, "playbooks", "redeploy.yml"),
+                    help="fleet: the redeploy playbook to time (default playbooks/redeploy.yml)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (.cache/bench/<timestamp>)")
     opts = ap.parse_args(argv)
     if opts.runs < 1 or opts.fleet_runs < 1:

@@ -27,7 +27,7 @@ import time
 
 from ansible.plugins.callback import CallbackBase
 
-KEEP = ("elapsed", "startup_s", "polls", "pid", "tokens_per_s", "accept_length", "action", "acquired", "msg")
+KEEP = ("elapsed", "startup_s", "polls", "pid", "tokens_per_s", "accept_length", "acquired", "msg")
 
 
 def _plain(value, depth=0):
@@ -81,6 +81,8 @@ class CallbackModule(CallbackBase):
         for key in KEEP:
             if key in res:
                 rec[key] = _plain(res[key])
+        if "action" in res:
+            rec["result_action"] = _plain(res["action"])
         if "signalled" in res:
             rec["signalled"] = [{"pid": _plain(s.get("pid")), "seconds_to_exit": _plain(s.get("seconds_to_exit")),
                                  "signals": _plain(s.get("signals"))} for s in res["signalled"] or []]

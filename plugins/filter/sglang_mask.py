@@ -67,7 +67,7 @@ def mask(value):
                 continue
             hide_next = False
             if isinstance(item, str):
-                flag, sep, _ = item.partition("=")
+                flag, sep = item.partition("=")[:2]
                 if sep and _SECRET_FLAG.match(flag):
                     out.append(flag + "=" + MASK)
                     continue

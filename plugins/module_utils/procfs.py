@@ -667,7 +667,7 @@ def wait_gone(handles, deadline, interval=0.02, sleep=time.sleep, on_exit=None, 
     after each round (it may shorten ``deadline``). Returns the handles
     still running.
     """
-    pending = [h for h in handles]
+    pending = list(handles)
     use_poll = True
     while True:
         still = []

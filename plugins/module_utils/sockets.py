@@ -13,8 +13,7 @@ _LISTEN = "0A"
 
 
 def _decode_port(local_address):
-    _, _, port_hex = local_address.rpartition(":")
-    return int(port_hex, 16)
+    return int(local_address.rpartition(":")[2], 16)
 
 
 def parse_net_tcp(text):

@@ -495,10 +495,6 @@ def _walk_to_group_leader(table, holder):
     return None, 'process-group leader %d is not an ancestor in the same session (orphaned or re-parented)' % holder.pgid
 
 
-def _is_ancestor(table, ancestor_pid, pid):
-    return ancestor_pid in procfs.ancestors(table, pid)
-
-
 def choose_root(table, holder_pid, ctx):
     """Pick the process to signal for one GPU holder.
 
@@ -689,6 +685,16 @@ def _holder_lines(holder_list):
     return '\n'.join(sorted(lines)) + ('\n' if lines else '')
 
 
+def _holder_list(by_pid):
+    """``{pid: holder}`` -> list ordered by PID (unknown PID last), without internal keys."""
+    out = []
+    for pid in sorted(by_pid, key=lambda p: (p is None, p or 0)):
+        entry = dict(by_pid[pid])
+        entry.pop('unknown', None)
+        out.append(entry)
+    return out
+
+
 def _device_patterns(params, env):
     patterns = list(params['device_paths'] or [])
     root = env.get('GPUSIM_ROOT')
@@ -713,6 +719,14 @@ class Drain(object):
         self.result = {'changed': False, 'signalled': [], 'not_signalled': [], 'survivors': [], 'holders': [],
                        'remaining': [], 'gpus': [], 'backend': None}
         self.warnings = []
+        self.exclude_res = []
+        self.match_res = []
+        self.signal = signal_mod.SIGTERM
+        self.device_patterns = []
+        self.runner = None
+        self.nvidia_smi = None
+        self.backend = None
+        self.smi = None
 
     # -- helpers ----------------------------------------------------------
     def elapsed(self):
@@ -825,9 +839,7 @@ class Drain(object):
         all_holders = gpu_query.holders(snap['gpus'])
         other = dict((pid, h['gpus']) for pid, h in all_holders.items()
                      if pid is not None and pid not in target_pids)
-        self.result['holders'] = [dict(h) for pid, h in sorted(target_holders.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
-        for entry in self.result['holders']:
-            entry.pop('unknown', None)
+        self.result['holders'] = _holder_list(target_holders)
 
         table = procfs.process_table()
         ctx = PlanContext(
@@ -866,7 +878,7 @@ class Drain(object):
 
         handles = self.open_handles(plan, table, reports)
         if plan['roots']:
-            self.terminate(plan, handles, reports, table, ctx)
+            self.terminate(plan, handles, reports, ctx)
         survivors = [pid for pid in order if pid in handles and not handles[pid].gone()]
         for handle in handles.values():
             handle.close()
@@ -875,13 +887,10 @@ class Drain(object):
         after = self.snapshot()
         if after['driver']['ok']:
             after_targets, dummy = gpu_query.select_gpus(after, p['gpus'])
-            self.result['remaining'] = [dict(h) for pid, h in sorted(gpu_query.holders(after_targets).items(),
-                                                                       key=lambda kv: (kv[0] is None, kv[0] or 0))]
-            for entry in self.result['remaining']:
-                entry.pop('unknown', None)
+            self.result['remaining'] = _holder_list(gpu_query.holders(after_targets))
             self.result['gpus'] = [gpu_query.summarize(g) for g in after_targets]
         if survivors:
-            self.report_survivors(survivors, reports, table)
+            self.report_survivors(survivors, reports)
         if p['reset_orphaned'] and after['driver']['ok']:
             signalled_gpus = set()
             for r in reports.values():
@@ -909,7 +918,7 @@ class Drain(object):
             handles[pid] = handle
         return handles
 
-    def terminate(self, plan, handles, reports, table, ctx):
+    def terminate(self, plan, handles, reports, ctx):
         """Graceful signal to the roots, then SIGKILL for what is left."""
         p = self.params
         t0 = time.monotonic()
@@ -974,7 +983,7 @@ class Drain(object):
                 self.warnings.append('PID %d: SIGKILL failed: %s' % (handle.pid, exc))
         procfs.wait_gone(pending, procfs.Deadline(p['kill_timeout']), interval=POLL_S, on_exit=seen_gone)
 
-    def report_survivors(self, survivors, reports, table):
+    def report_survivors(self, survivors, reports):
         out = []
         parts = []
         for pid in survivors:

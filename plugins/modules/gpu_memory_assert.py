@@ -473,6 +473,7 @@ class Assert(object):
         self.sleep = sleep
         self.start = clock()
         self.result = {'changed': False, 'gpus': [], 'polls': 0, 'backend': None, 'driver': None}
+        self.backend = None
 
     def elapsed(self):
         return round(self.clock() - self.start, 3)

@@ -53,6 +53,8 @@ options:
     default: false
 author:
   - gpufleet maintainers (@gpufleet)
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -62,6 +62,8 @@ options:
     type: str
 author:
   - gpufleet maintainers (@gpufleet)
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full

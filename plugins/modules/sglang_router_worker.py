@@ -129,6 +129,8 @@ options:
     default: 10
 author:
   - gpufleet maintainers (@gpufleet)
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -139,6 +141,7 @@ attributes:
     support: full
     details: The diff lists the worker URLs the router serves, before and after.
   idempotent:
+    description: Running the task twice in a row with the same arguments reports no change the second time.
     support: full
   platform:
     platforms: posix
@@ -582,7 +585,7 @@ class Router(object):
     def _call(self, method, path, body=None, timeout=None, ok=(200,)):
         url = self.base + path
         try:
-            status, _, data = request(method, url, body=body, api_key=self.api_key,
+            status, dummy, data = request(method, url, body=body, api_key=self.api_key,
                                       timeout=timeout or self.request_timeout)
         except HTTPConnectionError as exc:
             raise RouterError("cannot reach the router: %s" % exc) from None
@@ -664,7 +667,7 @@ def read_load(base, api_key, timeout, source=None):
     sources = (source,) if source else LOAD_SOURCES
     tried = []
     for path in sources:
-        status, _, data = request("GET", base + path, api_key=api_key, timeout=timeout)
+        status, dummy, data = request("GET", base + path, api_key=api_key, timeout=timeout)
         if status == 200:
             if path == "/v1/loads":
                 load = load_from_v1_loads(data)
@@ -761,7 +764,7 @@ class RouterWorker(object):
         key = self.p["worker_api_key"]
         for path in ("/model_info", "/get_model_info"):
             try:
-                status, _, _ = request("GET", self.url + path, api_key=key, timeout=min(self.p["request_timeout"] or 10, 5))
+                status, dummy, dummy2 = request("GET", self.url + path, api_key=key, timeout=min(self.p["request_timeout"] or 10, 5))
             except HTTPConnectionError:
                 return
             if status in (401, 403):

@@ -62,6 +62,8 @@ options:
     default: 300
 author:
   - gpufleet maintainers (@gpufleet)
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: none
@@ -143,7 +145,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.http import HTTPCo
 def _server_accept_length(base, api_key, timeout):
     for path in ("/server_info", "/get_server_info"):
         try:
-            status, _, data = request("GET", base + path, api_key=api_key, timeout=timeout)
+            status, dummy, data = request("GET", base + path, api_key=api_key, timeout=timeout)
         except HTTPConnectionError:
             return None
         if status == 404:
@@ -186,7 +188,7 @@ class Bench:
                 continue
             start = time.monotonic()
             try:
-                status, _, data = request("POST", self.base + "/generate", body=body, api_key=self.p["api_key"], timeout=left)
+                status, dummy, data = request("POST", self.base + "/generate", body=body, api_key=self.p["api_key"], timeout=left)
             except HTTPConnectionError as exc:
                 with self.lock:
                     self.errors.append("request %d: %s" % (idx, exc))
@@ -207,7 +209,7 @@ class Bench:
     def run(self):
         deadline = time.monotonic() + self.p["timeout"]
         start = time.monotonic()
-        threads = [threading.Thread(target=self.worker, args=(deadline,), daemon=True) for _ in range(max(1, self.p["concurrency"]))]
+        threads = [threading.Thread(target=self.worker, args=(deadline,), daemon=True) for dummy in range(max(1, self.p["concurrency"]))]
         for t in threads:
             t.start()
         for t in threads:
@@ -238,8 +240,8 @@ def gate(summary, min_tps, min_accept):
     """Return the list of gate failures, each naming the figure and its threshold."""
     problems = []
     if summary["requests"]["failed"]:
-        problems.append("%d of %d requests failed (%s)" % (summary["requests"]["failed"], summary["requests"]["sent"],
-                                                          "; ".join(summary["errors"][:2])))
+        problems.append("%d of %d requests failed (%s)" % (
+            summary["requests"]["failed"], summary["requests"]["sent"], "; ".join(summary["errors"][:2])))
     if min_tps > 0 and summary["tokens_per_s"] < min_tps:
         problems.append("throughput %.1f tok/s is below min_tokens_per_s %.1f" % (summary["tokens_per_s"], min_tps))
     if min_accept > 0:
@@ -258,9 +260,9 @@ def main():
             api_key=dict(type="str", no_log=True),
             requests=dict(type="int", default=8),
             concurrency=dict(type="int", default=1),
-            max_new_tokens=dict(type="int", default=64),
+            max_new_tokens=dict(type="int", default=64, no_log=False),
             prompt=dict(type="str", default="Write one sentence about GPUs."),
-            min_tokens_per_s=dict(type="float", default=0),
+            min_tokens_per_s=dict(type="float", default=0, no_log=False),
             min_accept_length=dict(type="float", default=0),
             timeout=dict(type="float", default=300),
         ),

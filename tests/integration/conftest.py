@@ -229,15 +229,15 @@ class SimNode:
     # -- simulator control ---------------------------------------------------
     def gpusim(self, *args, check=True):
         proc = subprocess.run([str(SIM_BIN / "gpusim")] + [str(a) for a in args], env=self.env,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, check=False)
         if check and proc.returncode != 0:
-            raise AssertionError("gpusim %s failed (rc %d): %s%s" % (" ".join(map(str, args)), proc.returncode,
-                                                                    proc.stdout, proc.stderr))
+            raise AssertionError("gpusim %s failed (rc %d): %s%s" % (
+                " ".join(map(str, args)), proc.returncode, proc.stdout, proc.stderr))
         return proc
 
     def smi(self, *args):
         return subprocess.run([str(SIM_BIN / "nvidia-smi")] + [str(a) for a in args], env=self.env,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, check=False)
 
     def status(self):
         return json.loads(self.gpusim("status").stdout)
@@ -360,7 +360,8 @@ def _run_module(name, args, env, check=False, diff=False, timeout=300):
     if diff:
         argv.append("--diff")
     start = time.monotonic()
-    proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+    proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
+                          check=False)
     wall = time.monotonic() - start
     try:
         data = json.loads(proc.stdout)
@@ -409,7 +410,7 @@ def _run_play(tasks, env, check=False, diff=False, timeout=600, tmp_dir=None):
         argv.append("--diff")
     start = time.monotonic()
     proc = subprocess.run(argv, env=_ansible_env(env), capture_output=True, text=True, timeout=timeout,
-                          cwd=str(REPO))
+                          cwd=str(REPO), check=False)
     wall = time.monotonic() - start
     try:
         data = json.loads(proc.stdout)

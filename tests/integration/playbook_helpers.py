@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import resource
 import secrets
 import signal
 import socket
@@ -351,8 +352,8 @@ class PlaybookRun(object):
 
     def summary(self):
         failed = [(t, (r.get("msg") or "")[:1500]) for t, r in self.failed_tasks()]
-        text = "%s rc=%s status=%s wall=%.1fs stats=%s failed=%s" % (
-            self.playbook, self.rc, self.status, self.wall, self.host_stats(), failed)
+        text = "%s rc=%s status=%s wall=%.1fs cpu=%.1fs stats=%s failed=%s" % (
+            self.playbook, self.rc, self.status, self.wall, getattr(self, "cpu", 0.0), self.host_stats(), failed)
         if self.rc != 0 and not failed:
             text += "\nstdout tail:\n" + self.stdout_tail()
         return text
@@ -607,11 +608,15 @@ class SimNode(object):
     def _execute(self, playbook, kwargs):
         before = set(self.reports.glob("*-redeploy.*"))
         began = time.monotonic()
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         runner = ansible_runner.run(**kwargs)
         wall = time.monotonic() - began
+        after_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after_usage.ru_utime + after_usage.ru_stime) - (usage.ru_utime + usage.ru_stime)
         after = sorted(set(self.reports.glob("*-redeploy.*")) - before)
         self.procs.track_pid_file(self.pid_file)
         run = PlaybookRun(self, playbook, runner, pathlib.Path(kwargs["private_data_dir"]) / "artifacts", after, wall)
+        run.cpu = cpu           # CPU seconds of the children reaped meanwhile (approximate with concurrent runs)
         self.runs_done.append(run)
         return run
 

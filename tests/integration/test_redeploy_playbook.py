@@ -406,47 +406,6 @@ def test_verify_playbook_checks_allocated_and_free(node):
     assert node.server_pid() == pid and alive(pid) and node.health() == 200
 
 
-def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
-    """Orphaned memory (a context the driver kept) on GPU 1: the teardown cannot free it, the verify-free
-    step fails with the diagnosis, and the rollback cannot relaunch the known-good config on busy GPUs."""
-    old_pid = ensure_deployed(node)
-    node.gpusim("orphan", "--gpu", 1, "--mib", 2048)
-    run = node.run(host_vars=node.host_vars(gpu_verify_timeout=2), extravars={"sglang_redeploy_force": True})
-    assert run.rc != 0
-
-    verify = run.task_results("Verify GPU memory is free")
-    assert len(verify) == 2 and all(r["failed"] for r in verify), verify    # the redeploy's and the rollback's
-    diag = [d for d in verify[0]["diagnosis"] if d.get("kind") == "orphaned"]
-    assert [d["gpu"] for d in diag] == [1], verify[0]["diagnosis"]
-    assert "GPU 1: 2048 MiB held by no process" in verify[0]["msg"] and "a GPU reset is needed" in verify[0]["msg"], verify[0]["msg"]
-    assert not run.ran("Launch the server and verify its effective config") and not run.ran("Relaunch the known-good server")
-
-    fail_msg = run.task_result("Fail the host")["msg"]
-    assert fail_msg.startswith("Redeploy of %s failed at teardown failed: " % HOST), fail_msg
-    assert "Rollback failed: " in fail_msg and "GPU 1: 2048 MiB held by no process" in fail_msg.split("Rollback failed: ")[1]
-
-    row = run.row()
-    assert_row_shape(row)
-    assert row["status"] == "failed" and row["step"] == "teardown", row
-    assert "GPU 1: 2048 MiB held by no process" in row["error"]
-    assert row["rollback"]["status"] == "failed"
-    assert "GPU 1: 2048 MiB held by no process" in row["rollback"]["detail"]
-    assert old_pid in [p["pid"] for p in row["signalled"]]
-
-    # The honest end state: the old server is gone, no server runs, GPU 1 keeps the orphaned 2 GiB.
-    assert not alive(old_pid) and node.health() is None
-    used = node.used()
-    assert used[0] == IDLE_MIB and used[1] == IDLE_MIB + 2048, used
-
-    # The fix the diagnosis names, then the redeploy again.
-    reset = node.smi("--gpu-reset", "-i", "1")
-    assert reset.returncode == 0, reset.stdout + reset.stderr
-    run = node.run()
-    assert run.rc == 0, run.summary()
-    assert run.row()["status"] == "deployed" and run.row()["plan"] == "start"
-    assert good_server_running(node)
-
-
 def test_teardown_playbook_frees_the_gpus(node):
     pid = ensure_deployed(node)
     tree = node.server_tree(pid)
@@ -460,6 +419,49 @@ def test_teardown_playbook_frees_the_gpus(node):
     assert run.task_result("Release the node lock")["changed"] is True and not node.lock_path.exists()
     assert not any(alive(p) for p in tree)
     assert all(v == IDLE_MIB for v in node.used().values()), node.used()
+
+
+def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
+    """Orphaned memory (a context the driver kept after its process died) on GPU 1: the teardown cannot free
+    it, the verify-free step fails with the diagnosis, and the rollback cannot relaunch the known-good config
+    either, because the GPUs are still not free. Runs after the teardown test: the node has a known-good
+    config but (normally) no running server; a server that runs is torn down first."""
+    if not (node.etc / "known-good" / "server.json").exists():
+        ensure_deployed(node)
+    old_pid = node.server_pid() if node.server_pid() and alive(node.server_pid()) else None
+    node.gpusim("orphan", "--gpu", 1, "--mib", 2048)
+    try:
+        run = node.run(host_vars=node.host_vars(gpu_verify_timeout=2), extravars={"sglang_redeploy_force": True})
+    finally:
+        used = node.used()
+        reset = node.smi("--gpu-reset", "-i", "1")         # the fix the diagnosis names
+    assert run.rc != 0
+    assert reset.returncode == 0 and node.used()[1] == IDLE_MIB, reset.stdout + reset.stderr
+
+    verify = run.task_results("Verify GPU memory is free")
+    assert len(verify) == 2 and all(r["failed"] for r in verify), verify    # the redeploy's and the rollback's
+    for res in verify:
+        assert [(d["gpu"], d["kind"]) for d in res["diagnosis"]] == [(1, "orphaned")], res["diagnosis"]
+        assert "GPU 1: 2048 MiB held by no process after 2 s (orphaned context); a GPU reset is needed" in res["msg"], res["msg"]
+    assert not run.ran("Launch the server and verify its effective config") and not run.ran("Relaunch the known-good server")
+
+    fail_msg = run.task_result("Fail the host")["msg"]
+    assert fail_msg.startswith("Redeploy of %s failed at teardown failed: " % HOST), fail_msg
+    head, _, rollback = fail_msg.partition(" Rollback failed: ")
+    assert "GPU 1: 2048 MiB held by no process" in head and "GPU 1: 2048 MiB held by no process" in rollback, fail_msg
+
+    row = run.row()
+    assert_row_shape(row)
+    assert row["status"] == "failed" and row["step"] == "teardown", row
+    assert row["error"].startswith("teardown failed: ") and "GPU 1: 2048 MiB held by no process" in row["error"]
+    assert row["rollback"]["status"] == "failed"
+    assert "GPU 1: 2048 MiB held by no process" in row["rollback"]["detail"]
+    if old_pid:
+        assert old_pid in [p["pid"] for p in row["signalled"]]
+
+    # The honest end state: no server runs; GPU 1 kept the orphaned 2 GiB until the reset above.
+    assert node.health() is None and not (old_pid and alive(old_pid))
+    assert used[0] == IDLE_MIB and used[1] == IDLE_MIB + 2048, used
 
 
 def test_api_key_appears_in_no_event_report_or_command_line(node):

@@ -67,6 +67,7 @@ INCIDENT = {
 }
 # What honor_draft_tokens resolves INCIDENT to, and SGLang then runs unchanged.
 RESOLVED = {"speculative_eagle_topk": 1, "speculative_num_steps": 15, "speculative_num_draft_tokens": 16}
+PLAYBOOK_TIMEOUT = 900
 
 if not SMG.exists():  # pragma: no cover - the dev venv always has it
     pytest.skip("sglang-router (smg) is not installed in %s" % VENV_BIN, allow_module_level=True)
@@ -324,14 +325,23 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
         "PATH": "%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
+        # The json callback prints only at the end; the log shows how far a slow or stuck run got.
+        "ANSIBLE_LOG_PATH": str(tmp_path / "ansible.log"),
     })
-    load = Load(router, rate=20.0, max_requests=8000, time_limit=400.0)
+    # About 35 s per host on an idle 2-core machine; several minutes per host when other test
+    # suites share the cores, hence the generous bound. The load ends with the playbook.
+    load = Load(router, rate=20.0, max_requests=20 * PLAYBOOK_TIMEOUT, time_limit=PLAYBOOK_TIMEOUT)
     load.start()
     time.sleep(1.0)
     playbook_began = time.monotonic()
     try:
         proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inv_path), "playbooks/redeploy.yml",
-                               "-l", "gpu-nodes"], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=400)
+                               "-l", "gpu-nodes"], cwd=str(REPO), env=env, capture_output=True, text=True,
+                              timeout=PLAYBOOK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        log = (tmp_path / "ansible.log").read_text() if (tmp_path / "ansible.log").exists() else ""
+        raise AssertionError("redeploy.yml did not finish within %d s; the end of its log:\n%s"
+                             % (PLAYBOOK_TIMEOUT, "\n".join(log.splitlines()[-40:])))
     finally:
         playbook_s = time.monotonic() - playbook_began
         time.sleep(1.0)

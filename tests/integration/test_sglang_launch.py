@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import socket
 import stat
 import sys
-import time
 
 import pytest
 
@@ -178,7 +176,8 @@ def test_incident_resolved_with_honor_draft_tokens_runs_16_draft_tokens(launch, 
 def test_crash_during_load_fails_fast_with_the_log(launch, servers, tmp_path):
     res = launch(sim_env={"SGLANG_SIM_CRASH_ON_LOAD": "1"}, health_timeout=120, api_key=SECRET)
     assert res["failed"]
-    assert res["_wall"] < 30, "must not wait for health_timeout (%.1f s)" % res["_wall"]
+    # Fails at once, not after health_timeout (elapsed: the module's own time; _wall: with Ansible's start-up).
+    assert res["elapsed"] < 20 and res["_wall"] < 60, (res["elapsed"], res["_wall"])
     assert "exited with code" in res["msg"] or "was killed by" in res["msg"], res["msg"]
     assert "Last" in res["msg"] and res["log_tail"]
     assert 0 < len(res["log_tail"]) <= 40
@@ -194,7 +193,7 @@ def test_hang_times_out_and_stops_the_server(launch):
     assert "did not become healthy within 3 s" in res["msg"], res["msg"]
     assert "stopped it" in res["msg"] and "keep_on_failure" in res["msg"]
     assert res["last_status"] and res["log_tail"]
-    assert 3 <= res["_wall"] < 30
+    assert 3 <= res["elapsed"] < 20 and res["_wall"] < 60
     stopped = res["stop"]["signalled"][0]
     assert not _alive(stopped) and session_members(stopped) == []
 
@@ -216,15 +215,15 @@ def test_port_in_use_fails_before_starting(launch, tmp_path):
     assert res["failed"]
     assert "port %d is already in use by pid %d" % (launch.port(), os.getpid()) in res["msg"], res["msg"]
     assert "Nothing was started" in res["msg"]
-    assert res["_wall"] < 30
+    assert res["elapsed"] < 5 and res["_wall"] < 60
     assert not (tmp_path / "state" / "server.pid").exists()
 
 
 def test_port_in_use_reported_by_the_server_fails_fast(launch):
     res = launch(sim_env={"SGLANG_SIM_PORT_IN_USE": "1"}, health_timeout=120)
     assert res["failed"]
-    assert res["_wall"] < 30
-    assert "exited" in res["msg"]
+    assert res["elapsed"] < 20 and res["_wall"] < 60
+    assert "exited" in res["msg"] or "killed by" in res["msg"]
     assert any("address already in use" in line.lower() or "errno 98" in line.lower() for line in res["log_tail"]), res["log_tail"]
 
 

@@ -34,7 +34,7 @@ class Sim:
 
     def gpusim(self, *args):
         proc = subprocess.run([str(SIM_BIN / "gpusim")] + [str(a) for a in args], env=self.env,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, check=False)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
@@ -272,11 +272,11 @@ def test_assert_transient_errors_are_retried_until_the_deadline(sim, capsys, tmp
     broken = tmp_path / "nvidia-smi"
     broken.write_text("#!/bin/sh\necho 'Internal error'\nexit 255\n")
     broken.chmod(0o755)
-    res = run(gma, {"nvidia_smi": str(broken), "timeout": 0.4, "sleep": 0.1, "backend": "nvidia-smi"}, capsys)
+    res = run(gma, {"nvidia_smi": str(broken), "timeout": 1, "sleep": 0.1, "backend": "nvidia-smi"}, capsys)
     assert res["failed"]
-    assert res["polls"] >= 3
+    assert res["polls"] >= 2
     assert res["diagnosis"][0]["kind"] == "error"
-    assert "nvidia-smi kept failing for 0.4 s: error (rc 255) Internal error" in res["msg"]
+    assert "nvidia-smi kept failing for 1 s: error (rc 255) Internal error" in res["msg"]
 
 
 @pytest.mark.parametrize("args, words", [

@@ -592,7 +592,7 @@ class World(object):
         self.exit_status = None
         self.exit_after = 1
         monkeypatch.setattr(m.sp, "alive", lambda pid, start=None: pid in self.procs and (start is None or self.procs[pid] == start))
-        monkeypatch.setattr(m.sp, "starttime", lambda pid: self.procs.get(pid))
+        monkeypatch.setattr(m.sp, "starttime", self.procs.get)
         monkeypatch.setattr(m.sp, "cmdline", lambda pid: self.cmdlines.get(pid, []))
         monkeypatch.setattr(m.sp, "tree", lambda pid: [(p, s) for p, s in self.procs.items() if p == pid])
         monkeypatch.setattr(m.sp, "reap", self.reap)
@@ -630,10 +630,10 @@ class World(object):
         path = "/" + url.split("/", 3)[3]
         self.http_calls.append((path, api_key))
         if path.startswith("/health"):
-            status = self.health.pop(0) if len(self.health) > 1 else self.health[0]
-            if isinstance(status, Exception):
-                raise status
-            return status, {}, ""
+            answer = self.health.pop(0) if len(self.health) > 1 else self.health[0]
+            if answer == "refused":
+                raise h.ConnectionRefused(url, "connection refused")
+            return answer, {}, ""
         status = self.info_status.get(path, 404)
         return status, {}, dict(self.info, version="0.5.23") if status == 200 else {}
 
@@ -688,7 +688,7 @@ def test_flow_check_mode_plans_and_starts_nothing(world, tmp_path):
 
 def test_flow_start_verify_idempotent_restart_stop(world, tmp_path):
     world.info = dict(INCIDENT, speculative_num_draft_tokens=2, port=31111, api_key=SECRET)
-    world.health = [http_refused(), 503, 200]
+    world.health = ["refused", 503, 200]
     params = base_params(tmp_path, api_key=SECRET, env={"HF_TOKEN": "hf-secret", "A": "1"})
     result, module = run_launcher(params)
     assert result["action"] == "start" and result["pid"] == FAKE_PID
@@ -724,10 +724,6 @@ def test_flow_start_verify_idempotent_restart_stop(world, tmp_path):
     assert stopped["changed"] is False and stopped["action"] == "none"
 
 
-def http_refused():
-    return h.ConnectionRefused("http://x/health", "connection refused")
-
-
 def test_flow_on_override_fail_leaves_server_running(world, tmp_path):
     world.info = dict(INCIDENT, speculative_num_draft_tokens=2, port=31111)
     with pytest.raises(_Fail) as info:
@@ -747,7 +743,7 @@ def test_flow_on_override_warn(world, tmp_path):
 
 
 def test_flow_crash_before_healthy(world, tmp_path):
-    world.health = [http_refused()]
+    world.health = ["refused"]
     world.exit_status = {"code": 3}
     with pytest.raises(_Fail) as info:
         m.Launcher(FakeModule(base_params(tmp_path, api_key=SECRET))).run()

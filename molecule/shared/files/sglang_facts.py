@@ -1,0 +1,180 @@
+"""Print what the redeploy scenarios verify on a container host, as one JSON.
+
+Run with ansible.builtin.script and executable: python3 (one round trip per
+host instead of one per check). What to look at comes from the environment:
+
+  GPUFLEET_FACTS           JSON: {"units": [UNIT...],          systemctl show of each
+                                  "files": {PATH: "stat"|"text"},  stat (+ text) of each
+                                  "server_url": URL,            GET URL/server_info
+                                  "pid_files": [PATH...]}       PID read from each file
+  GPUFLEET_FACTS_API_KEY   bearer token for /server_info (optional)
+
+Keys: pid1, system_state, failed_units, units {UNIT: {property: value}},
+files {PATH: {exists, mode, owner, group, size, sha256[, text]}},
+processes [{pid, ppid, pgid, sid, uid, user, comm, cmdline, args (joined), cgroup}],
+gpus / apps (nvidia-smi rows), holds (gpusim status holds), server_info
+(without secret fields) or server_info_error, pid_files {PATH: pid or null}.
+"""
+import hashlib
+import json
+import os
+import pwd
+import grp
+import subprocess
+import urllib.error
+import urllib.request
+
+UNIT_PROPS = ["LoadState", "ActiveState", "SubState", "Result", "MainPID", "ControlGroup", "UnitFileState",
+              "FragmentPath", "NRestarts", "ExecMainStatus", "NeedDaemonReload", "User", "Group"]
+SECRET_WORDS = ("key", "token", "secret", "password")
+
+
+def run(argv):
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=60, check=False)
+        return proc.returncode, proc.stdout, proc.stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, "", str(exc)
+
+
+def csv_rows(text, keys):
+    rows = []
+    for line in text.splitlines():
+        if line.strip():
+            rows.append(dict(zip(keys, [v.strip() for v in line.split(",")])))
+    return rows
+
+
+def name_of(table, ident):
+    try:
+        return getattr(table(ident), "pw_name" if table is pwd.getpwuid else "gr_name")
+    except KeyError:
+        return str(ident)
+
+
+def unit_facts(units):
+    out = {}
+    for unit in units:
+        rc, text, err = run(["systemctl", "show", "--property=" + ",".join(UNIT_PROPS), unit])
+        props = {}
+        for line in text.splitlines():
+            key, _sep, value = line.partition("=")
+            props[key] = value
+        if rc != 0:
+            props["error"] = err.strip()
+        out[unit] = props
+    return out
+
+
+def file_facts(files):
+    out = {}
+    for path, what in files.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            out[path] = {"exists": False}
+            continue
+        entry = {"exists": True, "mode": "%04o" % (st.st_mode & 0o7777), "size": st.st_size,
+                 "owner": name_of(pwd.getpwuid, st.st_uid), "group": name_of(grp.getgrgid, st.st_gid)}
+        if os.path.isfile(path):
+            with open(path, "rb") as fh:
+                data = fh.read()
+            entry["sha256"] = hashlib.sha256(data).hexdigest()
+            if what == "text":
+                entry["text"] = data.decode("utf-8", "replace")
+        out[path] = entry
+    return out
+
+
+def process_facts():
+    procs = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open("/proc/%d/stat" % pid, encoding="utf-8", errors="replace") as fh:
+                stat = fh.read()
+            with open("/proc/%d/cmdline" % pid, "rb") as fh:
+                cmdline = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+            with open("/proc/%d/cgroup" % pid, encoding="utf-8") as fh:
+                cgroups = fh.read().splitlines()
+            uid = os.stat("/proc/%d" % pid).st_uid
+        except OSError:
+            continue  # gone meanwhile
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] == "Z":
+            continue  # a zombie holds nothing
+        cgroup = ""
+        for line in cgroups:  # cgroup v1 (name=systemd) or v2 (0::)
+            parts = line.split(":", 2)
+            if len(parts) == 3 and (parts[1] == "name=systemd" or (parts[0] == "0" and not cgroup)):
+                cgroup = parts[2]
+        procs.append({"pid": pid, "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]),
+                      "uid": uid, "user": name_of(pwd.getpwuid, uid), "comm": comm, "cmdline": cmdline, "args": " ".join(cmdline),
+                      "cgroup": cgroup})
+    return sorted(procs, key=lambda p: p["pid"])
+
+
+def server_info(url, api_key):
+    req = urllib.request.Request(url.rstrip("/") + "/server_info")
+    if api_key:
+        req.add_header("Authorization", "Bearer " + api_key)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            info = json.loads(resp.read().decode("utf-8"))
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        return None, str(exc)
+    keep = {}
+    for key, value in info.items():
+        if any(word in key for word in SECRET_WORDS):
+            continue  # /server_info returns api_key in clear text
+        if key in ("internal_states", "launch_command", "status", "version") or key.startswith("speculative_") \
+                or key in ("tp_size", "model_path", "host", "port", "max_running_requests"):
+            keep[key] = value
+    return keep, None
+
+
+def main():
+    spec = json.loads(os.environ.get("GPUFLEET_FACTS") or "{}")
+    facts = {}
+    with open("/proc/1/comm", encoding="utf-8") as fh:
+        facts["pid1"] = fh.read().strip()
+    facts["system_state"] = run(["systemctl", "is-system-running"])[1].strip()
+    facts["failed_units"] = [line.split()[0] for line in run(
+        ["systemctl", "list-units", "--state=failed", "--plain", "--no-legend"])[1].splitlines() if line.strip()]
+    facts["units"] = unit_facts(spec.get("units", []))
+    facts["files"] = file_facts(spec.get("files", {}))
+    facts["processes"] = process_facts()
+
+    gpu_keys = ["index", "pci.bus_id", "memory.used"]
+    rc, out, err = run(["nvidia-smi", "--query-gpu=" + ",".join(gpu_keys), "--format=csv,noheader,nounits"])
+    facts["smi_rc"] = rc
+    facts["smi_error"] = (err or (out if rc else "")).strip()
+    facts["gpus"] = csv_rows(out, gpu_keys) if rc == 0 else []
+    app_keys = ["pid", "process_name", "gpu_bus_id", "used_memory"]
+    rc, out, err = run(["nvidia-smi", "--query-compute-apps=" + ",".join(app_keys), "--format=csv,noheader,nounits"])
+    facts["apps"] = csv_rows(out, app_keys) if rc == 0 else []
+    rc, out, err = run(["gpusim", "status"])
+    try:
+        facts["holds"] = json.loads(out).get("holds", []) if rc == 0 else []
+    except ValueError:
+        facts["holds"] = []
+
+    if spec.get("server_url"):
+        facts["server_info"], facts["server_info_error"] = server_info(
+            spec["server_url"], os.environ.get("GPUFLEET_FACTS_API_KEY", ""))
+
+    facts["pid_files"] = {}
+    for path in spec.get("pid_files", []):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                facts["pid_files"][path] = int(fh.read().strip())
+        except (OSError, ValueError):
+            facts["pid_files"][path] = None
+    print(json.dumps(facts, sort_keys=True))
+
+
+main()
