@@ -12,8 +12,9 @@ version_added: 0.1.0
 author: gpufleet maintainers (@gpufleet)
 description:
   - Returns a copy of the input with every secret value replaced by V(********).
-  - In dicts (at any depth), a value is secret when its key names a key, token, secret or password,
-    for example C(api_key), C(admin_api_key) or C(hf_token). SGLang's C(/server_info) returns C(api_key)
+  - In dicts (at any depth), a value is secret when the last part of its key is C(key), C(token),
+    C(secret), C(password) or similar, or any part names a password or secret, for example C(api_key),
+    C(admin_api_key) or C(hf_token); C(speculative_token_map) is not a secret. SGLang's C(/server_info) returns C(api_key)
     in clear (sglang.md section 2.1), so pass server info through this filter before showing it.
   - In lists of strings (argv), the value after a secret flag such as C(--api-key) is masked, and so
     is the value part of C(--api-key=VALUE).
@@ -42,41 +43,25 @@ _value:
   type: raw
 """
 
-import re
-
-MASK = "********"
-_SECRET_KEY = re.compile(r"(^|_|-)(api_?key|key|token|secret|password|passwd)($|_|-)", re.IGNORECASE)
-_SECRET_FLAG = re.compile(r"^--[a-z0-9-]*(api-key|token|secret|password)$", re.IGNORECASE)
-
-
-def _is_secret_key(key):
-    return isinstance(key, str) and bool(_SECRET_KEY.search(key))
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import MASK, is_secret_name, mask_argv, mask_text
 
 
 def mask(value):
-    """Return ``value`` with secrets masked (recursively)."""
+    """Return ``value`` with secrets masked (recursively).
+
+    The rules are the collection's single implementation in
+    ``module_utils/sglang_process.py``: secret-named keys (``is_secret_name``),
+    secret flags in argv lists (``mask_argv``) and ``key='value'`` or
+    ``--api-key VALUE`` inside free text (``mask_text``).
+    """
     if isinstance(value, dict):
-        return {k: (MASK if _is_secret_key(k) and v not in (None, "") else mask(v)) for k, v in value.items()}
+        return {k: (MASK if is_secret_name(k) and value[k] not in (None, "", False) else mask(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        out = []
-        hide_next = False
-        for item in value:
-            if hide_next and isinstance(item, str):
-                out.append(MASK)
-                hide_next = False
-                continue
-            hide_next = False
-            if isinstance(item, str):
-                flag, sep = item.partition("=")[:2]
-                if sep and _SECRET_FLAG.match(flag):
-                    out.append(flag + "=" + MASK)
-                    continue
-                if _SECRET_FLAG.match(item):
-                    hide_next = True
-                out.append(item)
-            else:
-                out.append(mask(item))
-        return out
+        if value and all(isinstance(v, str) for v in value):
+            return mask_argv(list(value))
+        return [mask(v) for v in value]
+    if isinstance(value, str):
+        return mask_text(value)
     return value
 
 

@@ -287,6 +287,7 @@ elapsed:
   sample: 4.1
 """
 
+import math
 import re
 import time
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -441,7 +442,7 @@ def _int(value):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, float) and value == value:
+    if isinstance(value, float) and math.isfinite(value):
         return int(round(value))
     return None
 
@@ -514,7 +515,7 @@ def load_from_metrics(text, names=DRAIN_METRICS):
             continue
         if labels.get("tp_rank", "0") != "0":
             continue
-        if value != value:  # NaN
+        if not math.isfinite(value):
             continue
         seen = True
         total += value
@@ -586,7 +587,7 @@ class Router(object):
         url = self.base + path
         try:
             status, dummy, data = request(method, url, body=body, api_key=self.api_key,
-                                      timeout=timeout or self.request_timeout)
+                                          timeout=timeout or self.request_timeout)
         except HTTPConnectionError as exc:
             raise RouterError("cannot reach the router: %s" % exc) from None
         if status in (401, 403):
