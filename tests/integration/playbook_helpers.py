@@ -282,6 +282,11 @@ class PlaybookRun(object):
         self.stats = runner.stats or {}
         self.artifacts = pathlib.Path(artifacts)
         self.wall = wall
+        self.run_id = None
+        for e in self.task_events("Name this run (once, on the controller)", ("runner_on_ok",), host=None):
+            self.run_id = e["event_data"].get("res", {}).get("ansible_facts", {}).get("sglang_run_started")
+        if self.run_id:     # runs in parallel write to the same directory: keep this run's files only
+            report_paths = [p for p in report_paths if p.name.startswith(self.run_id + "-")]
         self.report_paths = report_paths
         self.report = []
         self.report_md = ""
@@ -296,13 +301,19 @@ class PlaybookRun(object):
         return [e for e in self.events if e.get("event") in kinds]
 
     def task_events(self, name, kinds=RESULT_EVENTS, host=HOST):
-        """Result events of the task called ``name`` (exact task name) on ``host``."""
+        """Result events of the task called ``name`` (exact task name) on ``host`` (any host: None)."""
         return [e for e in self.results(kinds)
-                if e["event_data"].get("task") == name and e["event_data"].get("host") == host]
+                if e["event_data"].get("task") == name and host in (None, e["event_data"].get("host"))]
 
     def task_results(self, name, host=HOST, kinds=("runner_on_ok", "runner_on_failed")):
-        """``event_data.res`` of every ok/failed run of task ``name``."""
-        return [e["event_data"].get("res", {}) for e in self.task_events(name, kinds, host)]
+        """``event_data.res`` of every ok/failed run of task ``name``, with ``failed`` set from the event kind
+        (the runner keeps the task status in the event, not always in ``res``)."""
+        out = []
+        for e in self.task_events(name, kinds, host):
+            res = dict(e["event_data"].get("res") or {})
+            res["failed"] = e["event"] == "runner_on_failed"
+            out.append(res)
+        return out
 
     def task_result(self, name, host=HOST, kinds=("runner_on_ok", "runner_on_failed")):
         res = self.task_results(name, host, kinds)

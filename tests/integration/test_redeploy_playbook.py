@@ -301,7 +301,7 @@ def test_crash_on_launch_rolls_back_to_the_known_good_config(node):
     relaunch = run.task_result("Relaunch the known-good server")
     assert relaunch.get("failed") is not True and relaunch["pid"], relaunch
     fail_msg = run.task_result("Fail the host")["msg"]
-    assert fail_msg.startswith("Redeploy of %s failed at launch failed: " % HOST), fail_msg
+    assert fail_msg.startswith("Redeploy of %s failed: launch failed: " % HOST), fail_msg
     assert "Rollback succeeded: relaunched the last known-good config (pid %d," % relaunch["pid"] in fail_msg, fail_msg
 
     row = run.row()
@@ -446,7 +446,7 @@ def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
     assert not run.ran("Launch the server and verify its effective config") and not run.ran("Relaunch the known-good server")
 
     fail_msg = run.task_result("Fail the host")["msg"]
-    assert fail_msg.startswith("Redeploy of %s failed at teardown failed: " % HOST), fail_msg
+    assert fail_msg.startswith("Redeploy of %s failed: teardown failed: " % HOST), fail_msg
     head, _, rollback = fail_msg.partition(" Rollback failed: ")
     assert "GPU 1: 2048 MiB held by no process" in head and "GPU 1: 2048 MiB held by no process" in rollback, fail_msg
 
@@ -455,6 +455,8 @@ def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
     assert row["status"] == "failed" and row["step"] == "teardown", row
     assert row["error"].startswith("teardown failed: ") and "GPU 1: 2048 MiB held by no process" in row["error"]
     assert row["rollback"]["status"] == "failed"
+    assert row["rollback"]["detail"].startswith(
+        "Verify GPU memory is free failed, so the last known-good config was not relaunched: "), row["rollback"]
     assert "GPU 1: 2048 MiB held by no process" in row["rollback"]["detail"]
     if old_pid:
         assert old_pid in [p["pid"] for p in row["signalled"]]

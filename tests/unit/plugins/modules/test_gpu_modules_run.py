@@ -251,7 +251,7 @@ def test_assert_times_out_on_a_live_holder_with_its_command_line(sim, capsys):
     assert res["elapsed"] >= 3
     diag = res["diagnosis"][0]
     assert diag["kind"] == "held" and diag["processes"][0]["visible"] is True
-    assert "gpusim hold" in diag["processes"][0]["cmdline"]
+    assert "hold --gpus 2 --mib 3000" in diag["processes"][0]["cmdline"]
     assert res["msg"].startswith("GPU 2: 3001 MiB held by PID %d (worker: " % pid)
     assert res["msg"].endswith("after 3 s")
     assert "gpu_drain" in diag["hint"]

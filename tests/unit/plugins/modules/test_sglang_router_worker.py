@@ -137,6 +137,7 @@ def test_load_from_v1_loads():
     assert m.load_from_v1_loads({"loads": [{"num_running_reqs": True}, "x"]}) is None
     assert m.load_from_v1_loads("text") is None
     assert m.load_from_v1_loads({"loads": [{"num_running_reqs": 2.0}]}) == 2
+    assert m.load_from_v1_loads({"loads": [{"num_running_reqs": float("inf")}]}) is None
 
 
 METRICS = """\
@@ -166,6 +167,7 @@ def test_load_from_metrics():
     assert m.load_from_metrics(METRICS) == 4 + 2 + 1
     assert m.load_from_metrics("sglang:num_running_reqs 0\nsglang:num_queue_reqs 0.0\n") == 0
     assert m.load_from_metrics("sglang:num_running_reqs NaN\n") is None
+    assert m.load_from_metrics("sglang:num_running_reqs +Inf\n") is None
     assert m.load_from_metrics("# nothing\nsglang:token_usage 0.5\n") is None
     assert m.load_from_metrics("") is None
 

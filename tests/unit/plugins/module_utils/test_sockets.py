@@ -1,0 +1,152 @@
+"""Tests for module_utils/sockets.py: /proc/net/tcp(6) parsing on literal kernel text, owners
+from a synthetic /proc tree, and one end-to-end check against a socket this test opens.
+
+No process is started here; the listening sockets belong to the test process and are closed
+by the test.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
+
+# Literal /proc/net/tcp text (kernel 5.15): port 0x7530 = 30000 listening on 127.0.0.1 (inode
+# 707858), an ESTABLISHED connection to it (01, must be ignored), port 0x07E8 = 2024 listening on
+# 0.0.0.0, and a TIME_WAIT entry (06) with inode 0.
+NET_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 707858 1 00000000f496e512 100 0 0 10 0
+   1: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1129 1 000000005372adb1 100 0 0 10 0
+   2: 0100007F:7530 0100007F:C350 01 00000000:00000000 00:00000000 00000000  1000        0 707999 1 00000000aa96e512 20 4 30 10 -1
+   3: 0100007F:9C40 0100007F:7530 06 00000000:00000000 03:00000da0 00000000     0        0 0 3 0000000000000000
+"""
+
+# Literal /proc/net/tcp6 text: [::]:30001 listening (0x7531, inode 22222), [::1]:8080 listening
+# (0x1F90), and an established IPv6 connection.
+NET_TCP6 = """\
+  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000000000000:7531 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 22222 1 0000000000000000 100 0 0 10 0
+   1: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 33333 1 0000000000000000 100 0 0 10 0
+   2: 00000000000000000000000001000000:1F90 00000000000000000000000001000000:D431 01 00000000:00000000 00:00000000 00000000  1000        0 33334 1 0000000000000000 20 4 0 10 -1
+"""
+
+
+def test_parse_net_tcp_ipv4_listen_only():
+    assert list(sockets.parse_net_tcp(NET_TCP)) == [(30000, 707858), (2024, 1129)]
+
+
+def test_parse_net_tcp_ipv6():
+    assert list(sockets.parse_net_tcp(NET_TCP6)) == [(30001, 22222), (8080, 33333)]
+
+
+def test_parse_net_tcp_skips_header_short_and_garbled_lines():
+    text = "\n".join([
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode",
+        "   0: 0100007F:7530 00000000:0000 0A",                                            # truncated
+        "   1: 0100007F:ZZZZ 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 5 1",   # bad port
+        "   2: 0100007F:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 x 1",   # bad inode
+        "   3: 0100007F:7532 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 77 1",
+        "",
+    ])
+    assert list(sockets.parse_net_tcp(text)) == [(30002, 77)]
+    assert list(sockets.parse_net_tcp("")) == []
+    # The first line is always the header, even when it looks like data.
+    assert list(sockets.parse_net_tcp(NET_TCP.splitlines()[1])) == []
+
+
+def _fake_proc(tmp_path, tcp=NET_TCP, tcp6=NET_TCP6, fds=None):
+    """A /proc tree: net/tcp, net/tcp6 and ``fds`` = {pid: [link targets]}."""
+    root = tmp_path / "proc"
+    (root / "net").mkdir(parents=True)
+    if tcp is not None:
+        (root / "net" / "tcp").write_text(tcp)
+    if tcp6 is not None:
+        (root / "net" / "tcp6").write_text(tcp6)
+    for pid, targets in (fds or {}).items():
+        fd_dir = root / str(pid) / "fd"
+        fd_dir.mkdir(parents=True)
+        for n, target in enumerate(targets):
+            os.symlink(target, str(fd_dir / str(n)))
+    (root / "self").mkdir()              # not a PID: ignored
+    (root / "999").mkdir()               # a PID without a readable fd directory: ignored
+    return str(root)
+
+
+def test_listening_inodes_ipv4_and_ipv6(tmp_path):
+    root = _fake_proc(tmp_path)
+    assert sockets.listening_inodes(30000, root) == {707858}
+    assert sockets.listening_inodes(30001, root) == {22222}
+    assert sockets.listening_inodes(8080, root) == {33333}
+    assert sockets.listening_inodes(50000, root) == set()     # only a client port of an established socket
+
+
+def test_listening_inodes_same_port_on_both_families_and_missing_tables(tmp_path):
+    tcp6 = NET_TCP6.replace(":7531 ", ":7530 ")
+    root = _fake_proc(tmp_path, tcp6=tcp6)
+    assert sockets.listening_inodes(30000, root) == {707858, 22222}
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (tmp_path / "v6only").mkdir()
+    root6 = _fake_proc(tmp_path / "v6only", tcp=None)
+    assert sockets.listening_inodes(30000, str(bare)) == set()
+    assert sockets.listening_inodes(30001, root6) == {22222}
+
+
+def test_listening_inodes_ignores_inode_zero(tmp_path):
+    text = NET_TCP.splitlines()[0] + "\n   0: 0100007F:7530 00000000:0000 0A 0:0 00:0 0 0 0 0 1\n"
+    root = _fake_proc(tmp_path, tcp=text, tcp6=None)
+    assert sockets.listening_inodes(30000, root) == set()
+
+
+def test_socket_owners_and_port_listeners_on_a_fake_proc(tmp_path):
+    root = _fake_proc(tmp_path, fds={
+        4242: ["/dev/null", "socket:[707858]", "socket:[707858]"],   # the owner (counted once)
+        4343: ["socket:[707999]", "pipe:[12]"],                      # the client side: not listening
+        4444: ["socket:[22222]"],                                    # listens on 30001
+    })
+    assert sockets.socket_owners({707858}, root) == {4242}
+    assert sockets.socket_owners({707858, 22222}, root) == {4242, 4444}
+    assert sockets.socket_owners(set(), root) == set()
+    assert sockets.port_listeners(30000, root) == (True, [4242])
+    assert sockets.port_listeners(30001, root) == (True, [4444])
+    assert sockets.port_listeners(40000, root) == (False, [])
+
+
+def test_port_listeners_listening_but_owner_not_visible(tmp_path):
+    # Another user's server: the socket is listed, its fds cannot be read.
+    root = _fake_proc(tmp_path, fds={4343: ["socket:[1]"]})
+    assert sockets.port_listeners(2024, root) == (True, [])
+
+
+def test_socket_owners_skips_unreadable_links(tmp_path, monkeypatch):
+    root = _fake_proc(tmp_path, fds={4242: ["socket:[707858]"], 4343: ["socket:[707858]"]})
+    real = os.readlink
+
+    def readlink(path):
+        if "/4242/" in path:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(sockets.os, "readlink", readlink)
+    assert sockets.socket_owners({707858}, root) == {4343}
+
+
+@pytest.mark.parametrize("family,address", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
+def test_port_listeners_live_socket_of_this_process(family, address):
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        pytest.skip("address family not available")
+    with sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            pytest.skip("%s is not configured" % address)
+        port = sock.getsockname()[1]
+        assert sockets.port_listeners(port) == (False, [])     # bound, not yet listening
+        sock.listen(1)
+        assert sockets.port_listeners(port) == (True, [os.getpid()])
+    assert sockets.port_listeners(port) == (False, [])
