@@ -90,7 +90,7 @@ nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv
 
 banner "Before: smoke benchmark against the incident server"
 ansible localhost -o -m gpufleet.sglang.sglang_smoke \
-  -a "url=http://127.0.0.1:$PORT requests=6 concurrency=3 max_new_tokens=256" 2>/dev/null \
+  -a "url=http://127.0.0.1:$PORT requests=4 max_new_tokens=256" 2>/dev/null \
   | sed -E 's/.*"accept_length": ([0-9.]+).*"tokens_per_s": ([0-9.]+).*/    accept length \1, \2 tok\/s/'
 
 cat > "$DEMO/inventory.yml" <<EOF
@@ -131,8 +131,7 @@ all:
       speculative_num_draft_tokens: 16
     gpu_teardown_term_timeout: 30
     gpu_verify_timeout: 60
-    sglang_smoke_requests: 6
-    sglang_smoke_concurrency: 3
+    sglang_smoke_requests: 4
     sglang_smoke_max_new_tokens: 256
     sglang_smoke_min_accept_length: 2.5
     sglang_smoke_min_tokens_per_s: 80
