@@ -16,8 +16,8 @@ description:
     C(secret), C(password) or similar, or any part names a password or secret, for example C(api_key),
     C(admin_api_key) or C(hf_token); C(speculative_token_map) is not a secret. SGLang's C(/server_info) returns C(api_key)
     in clear (sglang.md section 2.1), so pass server info through this filter before showing it.
-  - In lists of strings (argv), the value after a secret flag such as C(--api-key) is masked, and so
-    is the value part of C(--api-key=VALUE).
+  - In lists of strings (argv, numbers allowed among them), the value after a secret flag such as
+    C(--api-key) is masked, and so is the value part of C(--api-key=VALUE).
 positional: _input
 options:
   _input:
@@ -57,8 +57,11 @@ def mask(value):
     if isinstance(value, dict):
         return {k: (MASK if is_secret_name(k) and value[k] not in (None, "", False) else mask(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        if value and all(isinstance(v, str) for v in value):
-            return mask_argv(list(value))
+        if any(isinstance(v, str) for v in value) and not any(isinstance(v, (dict, list, tuple)) for v in value):
+            # An argv list, possibly with numbers in it (``['--port', 30000, '--api-key', KEY]``):
+            # masked as text, non-strings kept as they are unless they are a secret flag's value.
+            masked = mask_argv([str(v) for v in value])
+            return [m if isinstance(v, str) or m != str(v) else v for v, m in zip(value, masked)]
         return [mask(v) for v in value]
     if isinstance(value, str):
         return mask_text(value)

@@ -112,14 +112,18 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 HOLDER = "holder.json"
+# A takeover guard older than this is left over from a killed run.
+GUARD_STALE_S = 60.0
 
 
 def read_holder(path):
+    """The holder record of the lock at ``path``, or None (no lock, no holder.json yet, not a JSON object)."""
     try:
         with open(os.path.join(path, HOLDER), encoding="utf-8") as fh:
-            return json.load(fh)
+            data = json.load(fh)
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def try_acquire(path, record):
@@ -135,21 +139,72 @@ def try_acquire(path, record):
     return True
 
 
+def _since(holder):
+    try:
+        return float((holder or {}).get("since"))
+    except (TypeError, ValueError):
+        return None
+
+
 def lock_age(path, holder):
-    since = (holder or {}).get("since")
+    """Seconds since the lock was taken: the holder's ``since``, else the directory's mtime; 0 when gone."""
+    since = _since(holder)
     if since is None:
         try:
             since = os.stat(path).st_mtime
         except OSError:
             return 0.0
-    return max(0.0, time.time() - float(since))
+    return max(0.0, time.time() - since)
 
 
 def describe(holder):
+    """One line naming the holder: run id, host, pid, controller (when known) and age."""
     if not holder:
         return "an unknown holder (no holder.json yet)"
-    age = time.time() - float(holder.get("since", time.time()))
-    return "run %s from %s (pid %s) since %.0f s ago" % (holder.get("owner"), holder.get("controller", "?"), holder.get("pid"), age)
+    since = _since(holder)
+    extra = ", controller %s" % holder["controller"] if holder.get("controller") else ""
+    age = (" since %.0f s ago" % max(0.0, time.time() - since)) if since is not None else ""
+    return "run %s on %s (pid %s%s)%s" % (holder.get("owner"), holder.get("host", "?"), holder.get("pid"), extra, age)
+
+
+def take_over(path, seen, stale_after):
+    """Remove the abandoned lock ``path`` whose holder record was ``seen``; True when it was removed.
+
+    Takeovers are serialised by a guard directory next to the lock, and the holder is read again
+    under the guard: a waiter that saw the same stale lock a moment later must not remove the
+    fresh lock that the first waiter has taken since. The lock is renamed away before it is deleted,
+    so ``path`` never exists half-removed.
+    """
+    base = path.rstrip("/")
+    guard = base + ".takeover"
+    try:
+        os.mkdir(guard, 0o700)
+    except FileExistsError:
+        # Another waiter is taking over right now (milliseconds); a guard left by a killed run is cleared.
+        try:
+            if time.time() - os.stat(guard).st_mtime > GUARD_STALE_S:
+                os.rmdir(guard)
+        except OSError:
+            pass
+        return False
+    except OSError:
+        return False
+    try:
+        holder = read_holder(path)
+        if holder != seen or not os.path.isdir(path) or lock_age(path, holder) <= stale_after:
+            return False
+        trash = "%s.stale-%d-%d" % (base, os.getpid(), int(time.time() * 1000))
+        try:
+            os.rename(path, trash)
+        except OSError:
+            return False
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+    finally:
+        try:
+            os.rmdir(guard)
+        except OSError:
+            pass
 
 
 def main():
@@ -185,7 +240,8 @@ def main():
     if holder and holder.get("owner") == p["owner"]:
         module.exit_json(changed=False, acquired=True, holder=holder, waited=0.0)
     if module.check_mode:
-        module.exit_json(changed=not os.path.isdir(path), acquired=False, holder=holder or {}, waited=0.0)
+        free = not os.path.isdir(path) or (p["stale_after"] > 0 and lock_age(path, holder) > p["stale_after"])
+        module.exit_json(changed=free, acquired=False, holder=holder or {}, waited=0.0)
 
     parent = os.path.dirname(path.rstrip("/"))
     if parent and not os.path.isdir(parent):
@@ -198,9 +254,8 @@ def main():
         if try_acquire(path, record):
             break
         holder = read_holder(path)
-        if p["stale_after"] > 0 and lock_age(path, holder) > p["stale_after"]:
+        if p["stale_after"] > 0 and lock_age(path, holder) > p["stale_after"] and take_over(path, holder, p["stale_after"]):
             stale = holder or {}
-            shutil.rmtree(path, ignore_errors=True)
             continue
         left = deadline - time.monotonic()
         if left <= 0:

@@ -145,7 +145,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query, procfs, sockets
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import read_pid_file
+from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process
 
 
 def read_arch(path):
@@ -184,6 +184,25 @@ def unit_main_pid(module, unit):
     return pid or None
 
 
+def pid_file_server(pid_file):
+    """The PID recorded in ``pid_file`` when that process still runs, else None.
+
+    A PID file outlives its server (a crash, a reboot) and the PID can be reused by an unrelated
+    process; the teardown must never take that one for the server. When the state file that
+    M(gpufleet.sglang.sglang_launch) writes next to the PID file records the same PID with its start
+    time, the start time must match too; a zombie never counts.
+    """
+    pid = sglang_process.read_pid_file(pid_file)
+    if not pid:
+        return None
+    state = sglang_process.read_state(sglang_process.state_path_for(pid_file)) or {}
+    start = state.get("starttime") if state.get("pid") == pid else None
+    try:
+        return pid if sglang_process.alive(pid, start) else None
+    except (TypeError, ValueError):  # a state file with a start time that is not a number
+        return pid if sglang_process.alive(pid) else None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -202,6 +221,8 @@ def main():
     )
     p = module.params
     problems = []
+    if not 1 <= p["port"] <= 65535:
+        module.fail_json(msg="port must be between 1 and 65535, got %s" % p["port"])
 
     arch, err = read_arch(p["model_path"])
     if err:
@@ -241,8 +262,8 @@ def main():
     # The managed server.
     managed = {"pid": None, "source": None, "running": False}
     if p["pid_file"]:
-        pid = read_pid_file(p["pid_file"])
-        if pid and procfs.pid_exists(pid):
+        pid = pid_file_server(p["pid_file"])
+        if pid:
             managed = {"pid": pid, "source": "pid_file", "running": True}
     is_systemd = systemd_running()
     if managed["pid"] is None and p["unit"] and is_systemd:
@@ -263,7 +284,7 @@ def main():
         port_owner = {
             "pid": owner,
             "comm": info.comm if info else None,
-            "cmdline": " ".join(procfs.mask_secrets(list(info.cmdline))) if info else None,
+            "cmdline": " ".join(sglang_process.mask_argv(list(info.cmdline))) if info else None,
             "managed": bool(owners) and all(o in managed_tree for o in owners),
         }
         if not port_owner["managed"]:

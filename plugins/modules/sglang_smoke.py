@@ -219,9 +219,12 @@ class Bench:
 
 def summarise(results, errors, elapsed, sent, server_accept):
     tokens = sum(r["completion_tokens"] for r in results)
-    verify = sum(r["verify_ct"] for r in results)
+    # Only responses that report verify steps count for the accept length: tokens of a response
+    # without spec_verify_ct (a worker without speculation behind a router) would inflate it.
+    spec_tokens = sum(r["completion_tokens"] for r in results if r["verify_ct"] > 0)
+    verify = sum(r["verify_ct"] for r in results if r["verify_ct"] > 0)
     latencies = sorted(r["latency"] for r in results)
-    meta_accept = round(tokens / verify, 3) if verify else None
+    meta_accept = round(spec_tokens / verify, 3) if verify else None
     return dict(
         tokens_per_s=round(tokens / elapsed, 2) if elapsed > 0 and results else 0.0,
         meta_accept_length=meta_accept,
@@ -236,6 +239,13 @@ def summarise(results, errors, elapsed, sent, server_accept):
     )
 
 
+def _pair(value, threshold, digits):
+    """``value`` and ``threshold`` as text with ``digits`` decimals, more when that would print them equal."""
+    while digits < 6 and "%.*f" % (digits, value) == "%.*f" % (digits, threshold) and value != threshold:
+        digits += 1
+    return "%.*f" % (digits, value), "%.*f" % (digits, threshold)
+
+
 def gate(summary, min_tps, min_accept):
     """Return the list of gate failures, each naming the figure and its threshold."""
     problems = []
@@ -243,13 +253,13 @@ def gate(summary, min_tps, min_accept):
         problems.append("%d of %d requests failed (%s)" % (
             summary["requests"]["failed"], summary["requests"]["sent"], "; ".join(summary["errors"][:2])))
     if min_tps > 0 and summary["tokens_per_s"] < min_tps:
-        problems.append("throughput %.1f tok/s is below min_tokens_per_s %.1f" % (summary["tokens_per_s"], min_tps))
+        problems.append("throughput %s tok/s is below min_tokens_per_s %s" % _pair(summary["tokens_per_s"], min_tps, 1))
     if min_accept > 0:
         acc = summary["accept_length"]
         if acc is None:
             problems.append("the server reports no speculative accept length (is speculation off?); min_accept_length is %.2f" % min_accept)
         elif acc < min_accept:
-            problems.append("accept length %.2f is below min_accept_length %.2f" % (acc, min_accept))
+            problems.append("accept length %s is below min_accept_length %s" % _pair(acc, min_accept, 2))
     return problems
 
 
