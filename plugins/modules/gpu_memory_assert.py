@@ -69,7 +69,8 @@ options:
     default: 120
   sleep:
     description:
-      - Seconds between two polls (clamped to the time left).
+      - Seconds from the start of one poll to the start of the next (clamped to the time left). A poll that takes
+        longer than this is followed at once, so a change is seen at most O(sleep) plus one poll after it happens.
     type: float
     default: 0.5
   delay:
@@ -548,16 +549,21 @@ class Assert(object):
             self.sleep(deadline.clamp(p['delay']))
         targets = problems = None
         while True:
+            poll_started = self.clock()
             snap = self.poll()
             done, new_targets, new_problems = self.evaluate(snap)
             if new_targets is not None:
                 targets, problems = new_targets, new_problems
             if done:
                 break
-            wait = deadline.clamp(p['sleep'])
-            if wait <= 0:
+            if deadline.clamp(p['sleep']) <= 0:
                 break
-            self.sleep(wait)
+            # Polls start every `sleep` seconds (the last one at the deadline): the time the poll itself took
+            # (two nvidia-smi runs) comes off the wait, so a change is seen at most sleep + one poll after it
+            # happens, not sleep + two.
+            wait = min(poll_started + p['sleep'], deadline.end) - self.clock()
+            if wait > 0:
+                self.sleep(wait)
         if targets is not None:
             self.result['gpus'] = []
             for gpu, probs in zip(targets, problems):

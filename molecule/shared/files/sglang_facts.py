@@ -20,13 +20,14 @@ import json
 import os
 import pwd
 import grp
+import re
 import subprocess
 import urllib.error
 import urllib.request
 
 UNIT_PROPS = ["LoadState", "ActiveState", "SubState", "Result", "MainPID", "ControlGroup", "UnitFileState",
               "FragmentPath", "NRestarts", "ExecMainStatus", "NeedDaemonReload", "User", "Group"]
-SECRET_WORDS = ("key", "token", "secret", "password")
+SECRET_RE = re.compile(r"(^|_)(key|token|secret|password)$")  # api_key, hf_token; not ..._draft_tokens
 
 
 def run(argv):
@@ -127,13 +128,18 @@ def server_info(url, api_key):
             info = json.loads(resp.read().decode("utf-8"))
     except (OSError, ValueError, urllib.error.URLError) as exc:
         return None, str(exc)
+    # /server_info returns api_key in clear text, at the top level, in each
+    # internal state and in launch_command (argv after the --config merge):
+    # keep only the fields the checks need.
     keep = {}
     for key, value in info.items():
-        if any(word in key for word in SECRET_WORDS):
-            continue  # /server_info returns api_key in clear text
-        if key in ("internal_states", "launch_command", "status", "version") or key.startswith("speculative_") \
+        if SECRET_RE.search(key):
+            continue
+        if key in ("status", "version") or key.startswith("speculative_") \
                 or key in ("tp_size", "model_path", "host", "port", "max_running_requests"):
             keep[key] = value
+    keep["avg_spec_accept_length"] = [state.get("avg_spec_accept_length") for state in info.get("internal_states") or []
+                                      if isinstance(state, dict)]
     return keep, None
 
 
