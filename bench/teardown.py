@@ -11,7 +11,7 @@ started and then stopped by:
   then gpufleet.sglang.gpu_memory_assert (state free, sleep 0.5, timeout 30).
   This is what the gpu_teardown and gpu_verify roles do in redeploy.yml.
 
-A third, diagnostic case (slow-release: memory back 5 s after the exit) makes
+A third, diagnostic case (slow-release: memory back 10 s after the exit) makes
 gpu_memory_assert poll while the memory is released, so its detection latency
 is that of the polling; in the first two the memory is usually back before the
 assert task has started, and the latency is Ansible's task start-up.
@@ -37,11 +37,11 @@ CASES = [
      "exits 0.5 s after SIGTERM, memory freed 0.3 s after exit"),
     ("ignore-sigterm", ["--ignore-sigterm", "--release-delay", "0.3"],
      "ignores SIGTERM (SIG_IGN), memory freed 0.3 s after SIGKILL"),
-    # Diagnostic: the memory comes back 5 s after the exit (as after a SIGKILL on a busy GPU), so
+    # Diagnostic: the memory comes back 10 s after the exit (as after a SIGKILL on a busy GPU), so
     # gpu_memory_assert is already polling when it does and the detection latency measures the polling
     # itself, not the time Ansible takes to start the next task. Not part of the ratio goal.
-    ("slow-release", ["--exit-delay", "0.5", "--release-delay", "5"],
-     "diagnostic: exits 0.5 s after SIGTERM, memory freed 5 s after exit"),
+    ("slow-release", ["--exit-delay", "0.5", "--release-delay", "10"],
+     "diagnostic: exits 0.5 s after SIGTERM, memory freed 10 s after exit"),
 ]
 GPUS = "0,1"
 MIB = 70000
@@ -139,6 +139,17 @@ class HoldWatch(threading.Thread):
         return self.exited_at + (self.release_delay or 0.0)
 
 
+def wait_idle(root, timeout=30.0):
+    """Wait until the node holds nothing (a slow-release hold of the previous run may still count)."""
+    from gpusim.node import Node  # pylint: disable=import-outside-toplevel
+    node = Node(root)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not [h for h in node.holds() if h.get("counted")]:
+            return
+        time.sleep(0.1)
+
+
 def start_holder(env, extra):
     out = subprocess.run([c.GPUSIM, "hold", "--gpus", GPUS, "--mib", str(MIB), "--name", "bench-holder", "--json"] + extra,
                          env=env, check=True, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL).stdout
@@ -155,6 +166,7 @@ def cleanup_holder(info):
 
 
 def run_manual(env, root, extra):
+    wait_idle(root)
     info, holder = start_holder(env, extra)
     watch = HoldWatch(root, info["id"], info["pid"])
     watch.start()
@@ -189,6 +201,7 @@ def _task(timing, action_suffix):
 
 
 def run_ansible(env, root, extra, files, workdir, n):
+    wait_idle(root)
     info, dummy = start_holder(env, extra)
     watch = HoldWatch(root, info["id"], info["pid"])
     watch.start()

@@ -145,6 +145,60 @@ def ok_events(run, task, host):
     return run.task_events(task, ("runner_on_ok",), host)
 
 
+def drain_events(run, host):
+    """``runner_on_ok`` events of the drain (the gpu_teardown role's module) on ``host``, in order."""
+    return [e for e in run.results(("runner_on_ok",))
+            if e["event_data"].get("task") == "Drain the target GPUs" and e["event_data"].get("host") == host]
+
+
+def signals_sent(drain_res):
+    return sorted(set(sig for p in drain_res.get("signalled", []) for sig in p.get("signals", [])))
+
+
+CHANGED = {"chunked_prefill_size": 4096}     # the config change of the redeploy scenario
+
+
+def changed_vars(**server_env):
+    """Host variables of the changed config; ``server_env``: ``{host: extra sglang_server_env}``."""
+    return lambda group: {h: group.host_vars(h, args=group.shared_args(**CHANGED), server_env=server_env.get(h))
+                          for h in HOSTS}
+
+
+def ensure_changed_config(group):
+    """The group runs the changed config (redeployed, forced, when an earlier test left it otherwise)."""
+    try:
+        pids = assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED))
+        if not any("SGLANG_SIM_CRASH" in environ_of(p) for p in pids.values()):
+            return pids
+    except AssertionError:
+        pass
+    run = group.run(changed_vars()(group), extravars={"sglang_redeploy_force": True})
+    assert run.rc == 0, run.summary()
+    return assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED))
+
+
+def assert_group_rolled_back(run, group, old_pids, steps, messages):
+    """Both ranks failed (at ``steps[host]``, with ``messages[host]`` in the error), rolled back, and run the
+    changed config again (new PIDs)."""
+    assert run.rc != 0, run.summary()
+    for host in HOSTS:
+        assert run.host_stats(host)["failures"] == 1, (host, run.host_stats(host))
+        row = report_row(run, host)
+        assert row["status"] == "rolled_back" and row["step"] == steps[host], row
+        assert row["rollback"]["status"] == "succeeded", row["rollback"]
+        assert messages[host] in row["error"], (host, row["error"])
+        fail = run.task_result("Fail the host", host=host)
+        assert fail["failed"] and "Rollback succeeded" in fail["msg"], fail
+    pids = assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED))
+    for host, pid in pids.items():
+        assert pid != old_pids[host] and not alive(old_pids[host]), (host, pid, old_pids)
+        env = environ_of(pid).split("\0")
+        assert not any(e.startswith("SGLANG_SIM_CRASH") for e in env), (host, [e for e in env if "SIM" in e])
+        known_good = json.loads((group[host].etc / "known-good" / "server.json").read_text())
+        assert known_good["args"]["chunked_prefill_size"] == 4096 and "SGLANG_SIM_CRASH_ON_LOAD" not in known_good["env"]
+    return pids
+
+
 # --------------------------------------------------------------------------
 # Scenarios
 # --------------------------------------------------------------------------
@@ -155,14 +209,106 @@ def test_fresh_deploy_of_a_two_node_group(group):
     for host in HOSTS:
         assert run.host_stats(host)["failures"] == 0, (host, run.host_stats(host))
         row = report_row(run, host)
-        assert row["status"] == "deployed" and row["step"] == "done", row
-    assert_group_running(group)
-    # Health and smoke on rank 0 only.
+        assert row["status"] == "deployed" and row["step"] == "done" and row["error"] is None, row
+        assert [g["index"] for g in row["gpus_after"]] == [0], row["gpus_after"]
+    pids = assert_group_running(group)
+    info = group.info()
+    assert info["speculative_algorithm"] == "EAGLE3" and info["speculative_num_steps"] == 15
+    assert info["speculative_num_draft_tokens"] == 16
+
+    # Health, effective config and smoke are judged on rank 0; rank 1 only has to be healthy.
+    launch = {h: run.task_result("Launch the server and verify its effective config", host=h) for h in HOSTS}
+    assert launch[RANK0]["overrides"] == [] and launch[RANK0]["pid"] == pids[RANK0], launch[RANK0]
+    assert launch[RANK1]["pid"] == pids[RANK1] and launch[RANK1]["url"].endswith(":%d" % group[RANK1].port)
+    assert "--node-rank" in launch[RANK1]["argv"] and "--nnodes" in launch[RANK1]["argv"]
     assert run.task_result("Run the smoke benchmark", host=RANK0)["accept_length"] >= 2.0
     assert not run.ran("Run the smoke benchmark", host=RANK1)
-    launch1 = run.task_result("Launch the server and verify its effective config", host=RANK1)
-    assert launch1["url"].endswith(":%d" % group[RANK1].port)
+
+    # Rank 1's server is the follower: schedulers for global TP rank 1, no detokenizer.
+    titles = sorted(open("/proc/%d/cmdline" % p).read().strip("\0") for p in session_members(pids[RANK1])
+                    if p != pids[RANK1])
+    assert titles == ["sglang::scheduler_TP1"], titles
+    for host, pid in pids.items():
+        assert group.api_key not in open("/proc/%d/cmdline" % pid).read(), host
+        known_good = json.loads((group[host].etc / "known-good" / "server.json").read_text())
+        assert known_good["args"]["node_rank"] == HOSTS.index(host) and known_good["args"]["nnodes"] == 2
 
 
 def test_redeploy_tears_down_rank_0_first(group):
-    pass
+    """A changed config: rank 0's teardown (its graceful shutdown broadcasts the ShutdownReq that stops
+    rank 1) finishes before rank 1's starts, both ranks are verified free, then both relaunch."""
+    pids = assert_group_running(group)
+    run = group.run(changed_vars()(group))
+    assert run.rc == 0, run.summary()
+    for host in HOSTS:
+        row = report_row(run, host)
+        assert row["status"] == "deployed" and row["plan"] == "restart", row
+
+    drains = {h: drain_events(run, h) for h in HOSTS}
+    assert all(len(d) == 1 for d in drains.values()), drains
+    d0, d1 = drains[RANK0][0], drains[RANK1][0]
+    assert d0["counter"] < d1["counter"] and d0["event_data"]["end"] <= d1["event_data"]["start"], (
+        d0["event_data"]["end"], d1["event_data"]["start"])
+    # The task order itself: the rank-0 task ran (and was skipped on rank 1) before the other one.
+    names = [e["event_data"]["task"] for e in run.events if e.get("event") == "playbook_on_task_start"]
+    first = names.index("Tear down the old server (node rank 0 first)")
+    assert first < names.index("Tear down the old server (node ranks 1 and up)")
+    assert run.task_events("Tear down the old server (node rank 0 first)", ("runner_on_skipped",), RANK1)
+    assert run.task_events("Tear down the old server (node ranks 1 and up)", ("runner_on_skipped",), RANK0)
+
+    res0 = d0["event_data"]["res"]
+    assert pids[RANK0] in [p["pid"] for p in res0["signalled"]] and signals_sent(res0) == ["SIGTERM"], res0
+    # Rank 1 needed no SIGKILL: rank 0's shutdown broadcast stopped it (it ignores SIGTERM until then).
+    assert "SIGKILL" not in signals_sent(drains[RANK1][0]["event_data"]["res"]), drains[RANK1][0]["event_data"]["res"]
+    assert not alive(pids[RANK1])
+    log1 = (group[RANK1].logs / "server.log").read_text(errors="replace")
+    assert "lost without a ShutdownReq" not in log1
+
+    for host in HOSTS:
+        verify = run.task_results("Verify GPU memory is free", host=host)
+        assert verify and not verify[0]["failed"], (host, verify)
+    new = assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED))
+    assert all(new[h] != pids[h] and not alive(pids[h]) for h in HOSTS), (pids, new)
+
+
+def test_a_crashing_rank_1_rolls_the_whole_group_back(group):
+    """Rank 1's new server crashes while loading; rank 0 cannot become healthy without it. Both ranks fail
+    at the launch, roll back together and run the previous (changed) config again."""
+    pids = ensure_changed_config(group)
+    run = group.run(changed_vars(rank1={"SGLANG_SIM_CRASH_ON_LOAD": "1"})(group))
+    assert run.task_result("Redeploy a multi-node server as one unit", host=RANK0)["ansible_facts"][
+        "sglang_redeploy_needed"] is True       # rank 0's own config did not change: the group redeploys it
+    assert_group_rolled_back(run, group, pids, {RANK0: "launch", RANK1: "launch"},
+                             {RANK0: "launch failed", RANK1: "launch failed"})
+    assert "SGLANG_SIM_CRASH_ON_LOAD" in (group[RANK1].logs / "server.log").read_text(errors="replace")
+
+
+def test_a_failed_rank_0_makes_rank_1_fail_at_the_group_barrier(group):
+    """Rank 0's new server crashes while loading (after rank 1 joined). Rank 1's candidate is healthy and
+    holds its GPU, but fails at the barrier with the group message; its candidate (which rank 0 never told
+    to stop) is torn down in the rollback, and both ranks run the previous config again."""
+    pids = ensure_changed_config(group)
+    # Rank 0 loads for a few seconds before it crashes, so rank 1 has joined by then.
+    run = group.run(changed_vars(rank0={"SGLANG_SIM_CRASH_ON_LOAD": "1", "SGLANG_SIM_STARTUP_S": "6"})(group))
+    barrier = run.task_result(GROUP_FAIL_TASK % "launch", host=RANK1)
+    assert barrier["failed"] and "Another rank of this multi-node server failed (rank0 at launch)" in barrier["msg"], barrier
+    assert not run.ran(GROUP_FAIL_TASK % "launch", host=RANK0)       # rank 0 was in the rescue already
+    assert not run.task_result("Verify GPU memory is allocated", host=RANK1)["failed"]
+    assert_group_rolled_back(run, group, pids, {RANK0: "launch", RANK1: "verify allocated"},
+                             {RANK0: "launch failed", RANK1: "Another rank of this multi-node server failed (rank0 at launch)"})
+    # The orphaned rank-1 candidate ignored SIGTERM (no ShutdownReq came) and needed a SIGKILL.
+    rollback_drain = drain_events(run, RANK1)[-1]["event_data"]["res"]
+    assert "SIGKILL" in signals_sent(rollback_drain), rollback_drain
+
+
+def test_a_second_run_is_a_no_op_for_both_ranks(group):
+    pids = ensure_changed_config(group)
+    run = group.run(changed_vars()(group))
+    assert run.rc == 0, run.summary()
+    for host in HOSTS:
+        assert run.host_stats(host)["changed"] == 0, (host, run.host_stats(host))
+        row = report_row(run, host)
+        assert row["status"] == "unchanged" and row["plan"] == "none", row
+        assert not run.ran("Take the node lock", host=host)
+    assert not drain_events(run, RANK0) and not drain_events(run, RANK1)
+    assert assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED)) == pids
