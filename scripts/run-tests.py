@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Run the test stages of `make test` and summarise them.
 
 Each stage writes its full output to tests/output/<stage>.log and prints one
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> int:
     total_p = total_f = 0
     start = time.monotonic()
     for name in names:
-        p, f, _ = run_stage(name)
+        p, f, _skipped = run_stage(name)
         total_p += p
         total_f += f
     print(f"all stages took {time.monotonic() - start:.0f} s")

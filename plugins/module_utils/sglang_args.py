@@ -1409,7 +1409,7 @@ class _Resolver(object):
         if self.get("enable_mixed_chunk", False):
             self.set("enable_mixed_chunk", False, "spec.mixed_chunk_off", log=MSG_MIXED_UNO, doc="sglang.md §1.7",
                      fix="drop enable_mixed_chunk; UNO cannot mix chunked prefill")
-        _, prefill, decode = self.backends()
+        _attention, prefill, decode = self.backends()
         if (prefill is not None and prefill != "fa3") or (decode is not None and decode != "fa3"):
             self.stop("attention_backend: SGLang %s raises \"UNO requires FA3 for both prefill and decode attention; "
                       "got prefill=%r, decode=%r.\" (sglang.md §1.7); set attention_backend: fa3"

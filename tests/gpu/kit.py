@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Helper commands of the GPU kit (run.sh and make_error_captures.sh call these).
 
 ``kit.py detect``

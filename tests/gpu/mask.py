@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Mask host-identifying data in captured nvidia-smi output (standard library only).
 
 What is masked, and why (see tests/gpu/README.md, "Masking"):

@@ -240,7 +240,7 @@ def test_fidelity_simulator_on_both_sides_has_no_differences(sim_captures, sim_p
     busy_apps = [c for c in ca if c["state"] == "busy" and c["slug"] == "query-apps_csv"][0]
     assert S.shape_of_capture(busy_apps)["rows"] == 1
     # One subprocess run of the fake binary has the in-process output's shape.
-    a, _ = sim_pair
+    a = sim_pair[0]
     sub = Q.capture([q for q in qs if q.slug == "query-gpu_csv"], env=a.env, state="idle")[0]
     inproc = [c for c in ca if c["slug"] == "query-gpu_csv" and c["state"] == "idle"][0]
     assert S.compare(S.shape_of_capture(sub), S.shape_of_capture(inproc)) == []
@@ -266,12 +266,14 @@ DOCTORED = [
     ("no trailing newline", "query-gpu", GPU_OUT, GPU_OUT.rstrip("\n"), "trailing newline"),
     ("extra blank line", "query-gpu", GPU_OUT, GPU_OUT + "\n", "blank lines"),
     ("row missing", "query-gpu", GPU_OUT, "\n".join(GPU_OUT.splitlines()[:2]) + "\n", "row count"),
-    ("upper-case uuid", "query-gpu", GPU_OUT, GPU_OUT.replace("GPU-6d61736b-0000-0000-0000-000000000000",
-                                                             "GPU-6D61736B-0000-0000-0000-000000000000"), "value class of uuid"),
+    ("upper-case uuid", "query-gpu", GPU_OUT,
+     GPU_OUT.replace("GPU-6d61736b-0000-0000-0000-000000000000", "GPU-6D61736B-0000-0000-0000-000000000000"),
+     "value class of uuid"),
     ("4-digit bus id domain", "query-gpu", GPU_OUT, GPU_OUT.replace("00000000:18", "0000:18"), "value class of pci.bus_id"),
     ("apps unit in nounits", "query-apps", APPS_OUT, APPS_OUT.replace("1530 MiB", "1530"), "unit suffix"),
-    ("apps name column moved", "query-apps", APPS_OUT, APPS_OUT.replace("pid, used_gpu_memory [MiB], process_name",
-                                                                         "pid, process_name, used_gpu_memory [MiB]"), "header token"),
+    ("apps name column moved", "query-apps", APPS_OUT,
+     APPS_OUT.replace("pid, used_gpu_memory [MiB], process_name", "pid, process_name, used_gpu_memory [MiB]"),
+     "header token"),
     ("driver message", "query-gpu", GPU_OUT, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
                                              "driver. Make sure that the latest NVIDIA driver is installed and running.\n\n",
      "message lines"),
@@ -312,7 +314,7 @@ def test_shape_of_process_name_with_commas():
 @pytest.mark.parametrize("state,source,rc", [("unload", "no-driver", 9), ("nolib", "no-library", 12)])
 def test_simulator_error_output_matches_the_real_binary(sim_pair, state, source, rc):
     """The checked-in real rc 9 / rc 12 captures against the simulator's, byte for byte and by shape."""
-    _, b = sim_pair
+    b = sim_pair[1]
     entries = [e for e in Q.load_manifest()["captures"] if e["source"] == source]
     if not entries:
         pytest.skip("no %s captures checked in (run tests/gpu/make_error_captures.sh)" % source)
@@ -396,7 +398,7 @@ def test_detect_empty_list_and_simulator(tmp_path, sim_pair):
     empty.write_text("No devices found.\n")
     info = G.detect(env={"PATH": _stub_smi(tmp_path, str(empty), 0) + ":/usr/bin:/bin"})
     assert not info.ok and "listed no GPU" in info.reason
-    a, _ = sim_pair
+    a = sim_pair[0]
     info = G.detect(env=a.env)
     assert info.ok and info.count == 2 and info.model == "H200" and info.name == "NVIDIA H200"
     assert G.sim_model("NVIDIA H100 80GB HBM3") == "H100" and G.sim_model("NVIDIA H200 NVL") == "H200"
@@ -504,7 +506,7 @@ def test_holder_parent_child_keeper_with_the_ctypes_allocator(fake_libcuda, tmp_
 
 
 def test_holder_on_the_simulator_with_child_keeper_and_decoys(sim_pair):
-    a, _ = sim_pair
+    a = sim_pair[0]
     with Spawner(allocator="gpusim", env=a.env) as sp:
         decoy = sp.start("decoy")
         parent = sp.start("parent", mib=3000, child_mib=1000, keeper=True)
@@ -520,7 +522,7 @@ def test_holder_on_the_simulator_with_child_keeper_and_decoys(sim_pair):
 
 
 def test_holder_failure_is_reported(sim_pair):
-    a, _ = sim_pair
+    a = sim_pair[0]
     with Spawner(allocator="gpusim", env=a.env) as sp:
         with pytest.raises(RuntimeError, match="gpusim hold of 999999 MiB failed"):
             sp.start("parent", mib=999999)
@@ -645,7 +647,7 @@ def test_run_sh_real_mode_needs_an_allocator(tmp_path, sim_pair):
         pytest.skip("libcuda.so.1 is present here")
     except OSError:
         pass
-    a, _ = sim_pair
+    a = sim_pair[0]
     run = _run_sh(["--skip-install", "--out", str(tmp_path / "out")], env=a.env)
     assert run.returncode == 4, run.stdout + run.stderr
     assert "2 GPU(s): NVIDIA H200" in run.stdout and "no way to allocate GPU memory: " in run.stderr
@@ -654,7 +656,7 @@ def test_run_sh_real_mode_needs_an_allocator(tmp_path, sim_pair):
 
 def test_run_sh_real_mode_reaches_the_checks(tmp_path, sim_pair, fake_libcuda):
     """With an allocator, run.sh runs the gpu-marked checks in real mode and writes results (here: one check)."""
-    a, _ = sim_pair
+    a = sim_pair[0]
     env = dict(a.env, LD_LIBRARY_PATH=str(fake_libcuda))
     out = tmp_path / "out"
     run = _run_sh(["--skip-install", "--out", str(out), "--no-update-captures", "--",

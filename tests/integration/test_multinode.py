@@ -14,11 +14,18 @@ rank 1 has joined; rank 1 ignores SIGTERM until rank 0's ShutdownReq
 broadcast.
 
 The tests share the two nodes and run in file order: a fresh deploy, a
-redeploy with a changed config (rank 0 torn down first), a rank whose new
-server crashes (the whole group rolls back), a rank-0 smoke failure (the other
-rank fails at the group barrier and both roll back), and a no-op run.
+redeploy with a changed config (rank 0 torn down first), a no-op run, a rank 1
+whose new server crashes while loading (both ranks fail at the launch and roll
+back together), and a rank 0 whose new server crashes after rank 1 joined
+(rank 1 fails at the group barrier, and its orphaned candidate, which ignores
+SIGTERM, is killed in the rollback). Each scenario starts from the state the
+previous one should leave and restores it (a forced redeploy) when it does not.
 Processes are cleaned up by PID (the role's PID files and every PID the tests
 saw), never by name.
+
+Every rank's server env has SGLANG_SIM_DIST_TIMEOUT_S (rank 0 gives up on a
+missing rank after 15 s instead of 600) and the fast knobs of
+``playbook_helpers.FAST_SERVER_ENV``.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ import json
 
 import pytest
 
-from playbook_helpers import (FAST_SERVER_ENV, INCIDENT_SPEC, RESOLVED_SPEC, Procs, SimNode, alive, environ_of,
+from playbook_helpers import (INCIDENT_SPEC, RESOLVED_SPEC, Procs, SimNode, alive, environ_of,
                               free_port, http_get, session_members)
 
 pytestmark = pytest.mark.slow
@@ -271,36 +278,6 @@ def test_redeploy_tears_down_rank_0_first(group):
     assert all(new[h] != pids[h] and not alive(pids[h]) for h in HOSTS), (pids, new)
 
 
-def test_a_crashing_rank_1_rolls_the_whole_group_back(group):
-    """Rank 1's new server crashes while loading; rank 0 cannot become healthy without it. Both ranks fail
-    at the launch, roll back together and run the previous (changed) config again."""
-    pids = ensure_changed_config(group)
-    run = group.run(changed_vars(rank1={"SGLANG_SIM_CRASH_ON_LOAD": "1"})(group))
-    assert run.task_result("Redeploy a multi-node server as one unit", host=RANK0)["ansible_facts"][
-        "sglang_redeploy_needed"] is True       # rank 0's own config did not change: the group redeploys it
-    assert_group_rolled_back(run, group, pids, {RANK0: "launch", RANK1: "launch"},
-                             {RANK0: "launch failed", RANK1: "launch failed"})
-    assert "SGLANG_SIM_CRASH_ON_LOAD" in (group[RANK1].logs / "server.log").read_text(errors="replace")
-
-
-def test_a_failed_rank_0_makes_rank_1_fail_at_the_group_barrier(group):
-    """Rank 0's new server crashes while loading (after rank 1 joined). Rank 1's candidate is healthy and
-    holds its GPU, but fails at the barrier with the group message; its candidate (which rank 0 never told
-    to stop) is torn down in the rollback, and both ranks run the previous config again."""
-    pids = ensure_changed_config(group)
-    # Rank 0 loads for a few seconds before it crashes, so rank 1 has joined by then.
-    run = group.run(changed_vars(rank0={"SGLANG_SIM_CRASH_ON_LOAD": "1", "SGLANG_SIM_STARTUP_S": "6"})(group))
-    barrier = run.task_result(GROUP_FAIL_TASK % "launch", host=RANK1)
-    assert barrier["failed"] and "Another rank of this multi-node server failed (rank0 at launch)" in barrier["msg"], barrier
-    assert not run.ran(GROUP_FAIL_TASK % "launch", host=RANK0)       # rank 0 was in the rescue already
-    assert not run.task_result("Verify GPU memory is allocated", host=RANK1)["failed"]
-    assert_group_rolled_back(run, group, pids, {RANK0: "launch", RANK1: "verify allocated"},
-                             {RANK0: "launch failed", RANK1: "Another rank of this multi-node server failed (rank0 at launch)"})
-    # The orphaned rank-1 candidate ignored SIGTERM (no ShutdownReq came) and needed a SIGKILL.
-    rollback_drain = drain_events(run, RANK1)[-1]["event_data"]["res"]
-    assert "SIGKILL" in signals_sent(rollback_drain), rollback_drain
-
-
 def test_a_second_run_is_a_no_op_for_both_ranks(group):
     pids = ensure_changed_config(group)
     run = group.run(changed_vars()(group))
@@ -312,3 +289,35 @@ def test_a_second_run_is_a_no_op_for_both_ranks(group):
         assert not run.ran("Take the node lock", host=host)
     assert not drain_events(run, RANK0) and not drain_events(run, RANK1)
     assert assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED)) == pids
+
+
+def test_a_crashing_rank_1_rolls_the_whole_group_back(group):
+    """Rank 1's new server crashes while loading; rank 0 cannot become healthy without it. Both ranks fail
+    at the launch, roll back together and run the previous (changed) config again."""
+    pids = ensure_changed_config(group)
+    run = group.run(changed_vars(rank1={"SGLANG_SIM_CRASH_ON_LOAD": "1"})(group))
+    # Rank 0's own config did not change, but the group redeploys it with rank 1.
+    assert run.task_results("Plan the launch (nothing starts in this step)", host=RANK0)[0]["action"] == "none"
+    assert run.task_result("Redeploy a multi-node server as one unit", host=RANK0)["ansible_facts"][
+        "sglang_redeploy_needed"] is True
+    assert_group_rolled_back(run, group, pids, {RANK0: "launch", RANK1: "launch"},
+                             {RANK0: "launch failed", RANK1: "launch failed"})
+    assert "SGLANG_SIM_CRASH_ON_LOAD" in (group[RANK1].logs / "server.log").read_text(errors="replace")
+
+
+def test_a_failed_rank_0_makes_rank_1_fail_at_the_group_barrier(group):
+    """Rank 0's new server crashes while loading (after rank 1 joined). Rank 1's candidate is healthy and
+    holds its GPU, but fails at the barrier with the group message; its candidate (which rank 0 never told
+    to stop) is torn down in the rollback, and both ranks run the previous config again."""
+    pids = ensure_changed_config(group)
+    # Rank 0 loads for a few seconds before it crashes, so rank 1 has joined by then.
+    run = group.run(changed_vars(rank0={"SGLANG_SIM_CRASH_ON_LOAD": "1", "SGLANG_SIM_STARTUP_S": "8"})(group))
+    barrier = run.task_result(GROUP_FAIL_TASK % "launch", host=RANK1)
+    assert barrier["failed"] and "Another rank of this multi-node server failed (rank0 at launch)" in barrier["msg"], barrier
+    assert not run.ran(GROUP_FAIL_TASK % "launch", host=RANK0)       # rank 0 was in the rescue already
+    assert not run.task_result("Verify GPU memory is allocated", host=RANK1)["failed"]
+    assert_group_rolled_back(run, group, pids, {RANK0: "launch", RANK1: "verify allocated"},
+                             {RANK0: "launch failed", RANK1: "Another rank of this multi-node server failed (rank0 at launch)"})
+    # The orphaned rank-1 candidate ignored SIGTERM (no ShutdownReq came) and needed a SIGKILL.
+    rollback_drain = drain_events(run, RANK1)[-1]["event_data"]["res"]
+    assert "SIGKILL" in signals_sent(rollback_drain), rollback_drain

@@ -421,6 +421,11 @@ def test_teardown_playbook_frees_the_gpus(node):
     assert all(v == IDLE_MIB for v in node.used().values()), node.used()
 
 
+ORPHAN_MIB = 2048
+ORPHAN_TEXT = "GPU 1: %d MiB held by no process" % (IDLE_MIB + ORPHAN_MIB)     # used memory includes the idle MiB
+ORPHAN_SUMMARY = ORPHAN_TEXT + " after 2 s (orphaned context); a GPU reset is needed"
+
+
 def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
     """Orphaned memory (a context the driver kept after its process died) on GPU 1: the teardown cannot free
     it, the verify-free step fails with the diagnosis, and the rollback cannot relaunch the known-good config
@@ -429,7 +434,7 @@ def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
     if not (node.etc / "known-good" / "server.json").exists():
         ensure_deployed(node)
     old_pid = node.server_pid() if node.server_pid() and alive(node.server_pid()) else None
-    node.gpusim("orphan", "--gpu", 1, "--mib", 2048)
+    node.gpusim("orphan", "--gpu", 1, "--mib", ORPHAN_MIB)
     try:
         run = node.run(host_vars=node.host_vars(gpu_verify_timeout=2), extravars={"sglang_redeploy_force": True})
     finally:
@@ -442,28 +447,28 @@ def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
     assert len(verify) == 2 and all(r["failed"] for r in verify), verify    # the redeploy's and the rollback's
     for res in verify:
         assert [(d["gpu"], d["kind"]) for d in res["diagnosis"]] == [(1, "orphaned")], res["diagnosis"]
-        assert "GPU 1: 2048 MiB held by no process after 2 s (orphaned context); a GPU reset is needed" in res["msg"], res["msg"]
+        assert ORPHAN_SUMMARY in res["msg"], res["msg"]
     assert not run.ran("Launch the server and verify its effective config") and not run.ran("Relaunch the known-good server")
 
     fail_msg = run.task_result("Fail the host")["msg"]
     assert fail_msg.startswith("Redeploy of %s failed: teardown failed: " % HOST), fail_msg
     head, _, rollback = fail_msg.partition(" Rollback failed: ")
-    assert "GPU 1: 2048 MiB held by no process" in head and "GPU 1: 2048 MiB held by no process" in rollback, fail_msg
+    assert ORPHAN_TEXT in head and ORPHAN_TEXT in rollback, fail_msg
 
     row = run.row()
     assert_row_shape(row)
     assert row["status"] == "failed" and row["step"] == "teardown", row
-    assert row["error"].startswith("teardown failed: ") and "GPU 1: 2048 MiB held by no process" in row["error"]
+    assert row["error"].startswith("teardown failed: ") and ORPHAN_TEXT in row["error"]
     assert row["rollback"]["status"] == "failed"
     assert row["rollback"]["detail"].startswith(
         "Verify GPU memory is free failed, so the last known-good config was not relaunched: "), row["rollback"]
-    assert "GPU 1: 2048 MiB held by no process" in row["rollback"]["detail"]
+    assert ORPHAN_TEXT in row["rollback"]["detail"]
     if old_pid:
         assert old_pid in [p["pid"] for p in row["signalled"]]
 
     # The honest end state: no server runs; GPU 1 kept the orphaned 2 GiB until the reset above.
     assert node.health() is None and not (old_pid and alive(old_pid))
-    assert used[0] == IDLE_MIB and used[1] == IDLE_MIB + 2048, used
+    assert used[0] == IDLE_MIB and used[1] == IDLE_MIB + ORPHAN_MIB, used
 
 
 def test_api_key_appears_in_no_event_report_or_command_line(node):

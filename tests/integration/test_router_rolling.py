@@ -201,7 +201,7 @@ class Load(object):
         body = {"text": "request %d: say something about GPUs" % index, "sampling_params": {"max_new_tokens": tokens}}
         began = time.monotonic()
         try:
-            status, _, data = request("POST", self.url, body=body, api_key=self.api_key, timeout=60)
+            status, _headers, data = request("POST", self.url, body=body, api_key=self.api_key, timeout=60)
         except HTTPConnectionError as exc:
             with self.lock:
                 self.failures.append((index, round(time.monotonic() - self.started, 2), str(exc)))
@@ -272,11 +272,11 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
         hosts[name]["old_pid"] = proc.pid
     for name, h in hosts.items():
         wait_for(lambda h=h: get(h["url"] + "/health")[0] == 200, 60, what="%s healthy" % name)
-        _, info = get(h["url"] + "/server_info")
+        _status, info = get(h["url"] + "/server_info")
         assert info["speculative_num_draft_tokens"] == 2   # the incident: 16 asked, 2 running
 
     urls = [h["url"] for h in hosts.values()]
-    router, _ = start_router(servers, tmp_path, worker_urls=urls)
+    router, _router_proc = start_router(servers, tmp_path, worker_urls=urls)
     wait_for(lambda: all_healthy(router, urls), 30, what="all three workers healthy in the router")
 
     inventory = {"all": {"children": {"gpu-nodes": {"hosts": {}}}, "vars": {
@@ -335,7 +335,7 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
     try:
         proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inv_path), "playbooks/redeploy.yml",
                                "-l", "gpu-nodes"], cwd=str(REPO), env=env, capture_output=True, text=True,
-                              timeout=PLAYBOOK_TIMEOUT)
+                              timeout=PLAYBOOK_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
         # The json callback prints only at the end: say how far the roll got from the nodes' state.
         done = [n for n, h in hosts.items() if (h["dir"] / "etc" / "known-good" / "server.json").exists()]
@@ -416,7 +416,7 @@ def test_module_against_real_router(servers, models, tmp_path):
     worker = "http://127.0.0.1:%d" % port
     start_worker(servers, root, port, {"model_path": str(models / "target")}, tmp_path / "worker.log", api_key=WORKER_KEY)
     wait_for(lambda: get(worker + "/health")[0] == 200, 60, what="the worker")
-    router, _ = start_router(servers, tmp_path, api_key=ROUTER_KEY)
+    router, _router_proc = start_router(servers, tmp_path, api_key=ROUTER_KEY)
 
     def run(check=False, diff=False, verbosity=0, **params):
         args = dict({"router_url": router, "api_key": ROUTER_KEY, "url": worker + "/", "timeout": 30}, **params)
@@ -443,7 +443,7 @@ def test_module_against_real_router(servers, models, tmp_path):
     assert res["changed"] is True and res["worker"]["url"] == worker and res["worker"]["is_healthy"] is True
     listed = router_workers(router, ROUTER_KEY)
     assert [w["url"] for w in listed] == [worker] and listed[0]["id"] == res["worker"]["id"]
-    status, _, data = request("POST", router + "/generate", api_key=ROUTER_KEY, timeout=30,
+    status, _headers, data = request("POST", router + "/generate", api_key=ROUTER_KEY, timeout=30,
                               body={"text": "hello", "sampling_params": {"max_new_tokens": 4}})
     assert status == 200 and "text" in data, (status, data)   # the router used the worker key
 
@@ -459,7 +459,7 @@ def test_module_against_real_router(servers, models, tmp_path):
     def slow_request():
         request("POST", worker + "/generate", api_key=WORKER_KEY, timeout=60,
                 body={"text": "long", "sampling_params": {"max_new_tokens": 250}})
-    threads = [threading.Thread(target=slow_request) for _ in range(3)]
+    threads = [threading.Thread(target=slow_request) for _thread in range(3)]
     for t in threads:
         t.start()
     wait_for(lambda: (get(worker + "/v1/loads", WORKER_KEY)[1] or {}).get("loads", [{}])[0].get("num_running_reqs", 0) > 0,

@@ -114,7 +114,7 @@ def _holder(node: "_node.Node", wfd: int, opts: dict, watcher: int) -> None:
         fds = []
         for d in devs:
             fds.append(os.open(os.path.join(node.dev_dir, d), os.O_RDWR))
-        for _ in range(int(opts.get("children") or 0)):
+        for _child in range(int(opts.get("children") or 0)):
             c = os.fork()
             if c == 0:
                 try:
@@ -219,7 +219,7 @@ def spawn(node: "_node.Node", gpus, mib: int, name=None, ignore_sigterm=False,
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SpawnError("the holder did not report within %.0f s" % READY_TIMEOUT_S)
-            ready, _, _ = select.select([r], [], [], left)
+            ready, _w, _x = select.select([r], [], [], left)
             if not ready:
                 continue
             chunk = os.read(r, 65536)

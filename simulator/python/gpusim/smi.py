@@ -236,7 +236,7 @@ def _parse_bus(tok):
         parts = ["0"] + parts
     if len(parts) != 3:
         return None
-    dev, _, fn = parts[2].partition(".")
+    dev, _dot, fn = parts[2].partition(".")
     try:
         return (int(parts[0], 16), int(parts[1], 16), int(dev, 16), int(fn or "0", 16))
     except ValueError:
@@ -370,7 +370,7 @@ def query_apps(out, snap, sel, fields, fmt):
     ok = [g for g in ok if not g.get("lost")]  # "fields"-mode lost GPU: no process list
     ts = _timestamp()
     if fmt["header"]:
-        out.w(_header(fields, lambda f: APP_UNITS.get(f)) + "\n")
+        out.w(_header(fields, APP_UNITS.get) + "\n")
     for r in process_rows(snap, ok, out.env):
         g = r["gpu"]
         vals = []
@@ -417,13 +417,13 @@ def table(out, snap, sel):
         return
     node = snap["node"]
     ver = node.get("driver_version", _node.DRIVER_VERSION)
-    bar = "+" + "-" * 87 + "+"
+    border = "+" + "-" * 87 + "+"
     sep = "|" + "-" * 41 + "+" + "-" * 22 + "+" + "-" * 22 + "+"
     mid = "+" + "-" * 41 + "+" + "-" * 22 + "+" + "-" * 22 + "+"
     now = time.localtime()
     out.w(time.strftime("%a %b ", now) + "%2d" % now.tm_mday
           + time.strftime(" %H:%M:%S %Y", now) + "       \n")
-    out.w(bar + "\n")
+    out.w(border + "\n")
     out.w("| NVIDIA-SMI %-22s Driver Version: %-12s CUDA Version: %-9s|\n"
           % (ver, ver, _node.CUDA_VERSION))
     out.w(sep + "\n")
@@ -447,7 +447,7 @@ def table(out, snap, sel):
         out.w("|                                         |                      |             Disabled |\n")
         out.w(mid + "\n")
     out.w(" " * 89 + "\n")
-    out.w(bar + "\n")
+    out.w(border + "\n")
     out.w("| Processes:" + " " * 76 + "|\n")
     out.w("|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |\n")
     out.w("|        ID   ID                                                             Usage      |\n")
@@ -462,7 +462,7 @@ def table(out, snap, sel):
             name = "..." + name[-36:]
         mem = "N/A" if r["na"] else "%dMiB" % r["mib"]
         out.w("|%5d   N/A  N/A%10d      C   %-39s%11s |\n" % (r["gpu"]["index"], r["pid"], name, mem))
-    out.w(bar + "\n")
+    out.w(border + "\n")
 
 
 def reset(out, snap, sel, all_selected, node_obj):

@@ -82,7 +82,7 @@ def parse_adhoc_output(stdout, host="localhost"):
     if match is None:
         return parse_json_callback(text, host)
     try:
-        result, _ = json.JSONDecoder().raw_decode(text[match.end():])
+        result, _end = json.JSONDecoder().raw_decode(text[match.end():])
     except ValueError:
         return None
     return result if isinstance(result, dict) else None

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """CUDA memory holder for the GPU kit (standalone script, standard library only).
 
 Roles (``--role``):
@@ -83,7 +82,7 @@ class CudaCtypes(object):
             msg = ctypes.c_char_p()
             try:
                 self.lib.cuGetErrorString(rc, ctypes.byref(msg))
-                text = msg.value.decode() if msg.value else ""
+                text = (msg.value or b"").decode()
             except Exception:  # pylint: disable=broad-except
                 text = ""
             raise AllocError("%s failed: CUDA error %d %s" % (what, rc, text))
@@ -405,7 +404,7 @@ def role_probe(a):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("--role", required=True, choices=["parent", "child", "decoy", "nvml-decoy", "probe"])
     p.add_argument("--allocator", default="auto", choices=["auto"] + sorted(ALLOCATORS))
     p.add_argument("--mib", type=int, default=0)

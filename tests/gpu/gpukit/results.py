@@ -128,11 +128,16 @@ def render_markdown(data):
     env = data.get("environment", {})
     gpu = env.get("gpu") or {}
     s = data.get("summary", {})
-    lines = ["# GPU validation kit: %s" % ("PASSED" if s.get("passed") and not s.get("failed") and not s.get("error")
-                                            else "FAILED" if s.get("failed") or s.get("error") else "NOTHING RAN"), ""]
+    if s.get("passed") and not s.get("failed") and not s.get("error"):
+        verdict = "PASSED"
+    elif s.get("failed") or s.get("error"):
+        verdict = "FAILED"
+    else:
+        verdict = "NOTHING RAN"
+    lines = ["# GPU validation kit: %s" % verdict, ""]
     lines.append("- mode: %s%s" % (data.get("mode"), " (simulator rehearsal, not a real GPU)" if data.get("mode") == "sim" else ""))
-    lines.append("- started: %s, finished: %s, %.1f s" % (data.get("started_at"), data.get("finished_at") or "(unfinished)",
-                                                        float(data.get("seconds") or 0)))
+    lines.append("- started: %s, finished: %s, %.1f s"
+                 % (data.get("started_at"), data.get("finished_at") or "(unfinished)", float(data.get("seconds") or 0)))
     if gpu:
         lines.append("- GPU: %s x %s (simulator preset %s)" % (gpu.get("count"), gpu.get("name"), gpu.get("model")))
     for key in ("driver_version", "allocator", "python", "ansible"):

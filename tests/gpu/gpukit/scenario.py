@@ -113,7 +113,7 @@ class KitContext(object):
         return driver
 
     def run_quick(self, argv):
-        rc, out, err, _ = Q.run_argv(argv, env=self.env, timeout=60)
+        rc, out, err, _seconds = Q.run_argv(argv, env=self.env, timeout=60)
         return rc, out, err
 
 
@@ -150,6 +150,14 @@ def wait_for(fn, timeout, interval=0.05):
         time.sleep(interval)
         value = fn()
     return value
+
+
+def poll_until(poller, pred):
+    """A ``wait_for`` function: ``poller.poll()`` when ``pred`` holds for it, else None."""
+    def check():
+        polled = poller.poll()
+        return polled if pred(polled) else None
+    return check
 
 
 def _percentile(values, q):
@@ -205,7 +213,7 @@ def memory_arithmetic(rec):
     out = []
     if rec["kind"] != "query-gpu" or rec["rc"] != 0:
         return out
-    gpus, _, _ = gq.parse_query_gpu(rec["stdout"], rec["fields"])
+    gpus, _lost, _anomalies = gq.parse_query_gpu(rec["stdout"], rec["fields"])
     for g in gpus:
         parts = (g.get("reserved_mib"), g.get("used_mib"), g.get("free_mib"))
         if g.get("total_mib") is not None and None not in parts:
@@ -233,7 +241,7 @@ def check_fidelity(ctx, out_dir=None):
     for rec in real:
         p = parse_problems(rec, ctx.gpu.count)
         if rec["state"] == "busy" and rec["kind"] == "query-apps" and rec["rc"] == 0:
-            procs, _ = gpu_query().parse_compute_apps(rec["stdout"], rec["fields"])
+            procs, _anomalies = gpu_query().parse_compute_apps(rec["stdout"], rec["fields"])
             if busy_pid not in [x["pid"] for x in procs]:
                 p.append("the kit's holder (PID %d) is not listed" % busy_pid)
         if p:
@@ -252,8 +260,8 @@ def check_fidelity(ctx, out_dir=None):
     written = []
     if out_dir:
         kind = "real-gpu" if ctx.mode == "real" else "sim"
-        written += [e["file"] for e in Q.write_captures(real, os.path.join(out_dir, "captures"), source,
-                                                          ctx.masker, dict(meta, source_kind=kind))]
+        entries = Q.write_captures(real, os.path.join(out_dir, "captures"), source, ctx.masker, dict(meta, source_kind=kind))
+        written += [e["file"] for e in entries]
     if ctx.update_captures:
         Q.write_captures(real, ctx.captures_dir, source, ctx.masker, dict(meta, source_kind="real-gpu"))
         details["captures_updated"] = ctx.captures_dir
@@ -396,7 +404,7 @@ def check_teardown(ctx):
         # the UUID is recorded, and being listed on GPU 0 below is what counts.
         if ctx.mode == "real" and parent.info.get("device_uuid"):
             details["processes"]["device_uuid_matches"] = parent.info["device_uuid"].lower() == (ctx.uuid0 or "").lower()
-        listed = wait_for(lambda: (lambda r: r if parent.pid in r[1] and parent.child_pid in r[1] else None)(poller.poll()), 30)
+        listed = wait_for(poll_until(poller, lambda r: parent.pid in r[1] and parent.child_pid in r[1]), 30)
         if not listed:
             return "failed", "holders not listed on GPU 0 within 30 s: %r" % (poller.poll(),), details
         details["before"] = {"used_mib": listed[0], "listed_pids": listed[1],
@@ -510,8 +518,11 @@ def measure_release(poller, holder, threshold, timeout=60.0, kill=True):
         if exit_s is not None and unlisted_s is not None and free_s is not None:
             break
         time.sleep(0.001)
-    r = lambda v: None if v is None else round(v, 4)  # noqa: E731
-    return {"exit_s": r(exit_s), "unlisted_s": r(unlisted_s), "free_s": r(free_s), "polls": polls}
+    return {"exit_s": _round4(exit_s), "unlisted_s": _round4(unlisted_s), "free_s": _round4(free_s), "polls": polls}
+
+
+def _round4(value):
+    return None if value is None else round(value, 4)
 
 
 def check_release_latency(ctx):
@@ -522,10 +533,9 @@ def check_release_latency(ctx):
     threshold = max(IDLE_TOLERANCE_MIB, (used0 or 0) + IDLE_TOLERANCE_MIB)
     samples = []
     with ctx.spawner() as sp:
-        for _ in range(ctx.latency_repeats):
+        for _repeat in range(ctx.latency_repeats):
             h = sp.start("parent", mib=ctx.mib)
-            full = wait_for(lambda: (lambda r: r if h.pid in r[1] and (r[0] or 0) >= used0 + ctx.mib * 0.9 else None)(
-                poller.poll()), 30)
+            full = wait_for(poll_until(poller, lambda r: h.pid in r[1] and (r[0] or 0) >= used0 + ctx.mib * 0.9), 30)
             s = measure_release(poller, h, threshold)
             s["used_before_mib"] = full[0] if full else None
             samples.append(s)

@@ -136,8 +136,8 @@ def shape_of(kind, fields, fmt, rc, stdout, stderr=""):
     shape["rows"] = len(rows)
     seps = []
     bare = 0
-    col_classes = [set() for _ in range(ncols)]
-    col_units = [set() for _ in range(ncols)]
+    col_classes = [set() for _col in range(ncols)]
+    col_units = [set() for _col in range(ncols)]
     placeholders = []
     for r, line in enumerate(rows):
         seps.append(line.count(", "))
@@ -219,12 +219,12 @@ def compare(a, b, names=("real", "sim"), compare_rows=True):
             diff("value class of %s" % name, ca[i], cb[i])
             if i < len(ua) and i < len(ub):
                 diff("unit suffix of %s" % name, ua[i], ub[i])
-        pa = [(r, c) for r, c, _ in a.get("placeholders") or []]
-        pb = [(r, c) for r, c, _ in b.get("placeholders") or []]
+        pa = [(r, c) for r, c, _text in a.get("placeholders") or []]
+        pb = [(r, c) for r, c, _text in b.get("placeholders") or []]
         if compare_rows:
             diff("placeholder positions (row, column)", pa, pb)
         else:
-            diff("placeholder columns", sorted(set(c for _, c in pa)), sorted(set(c for _, c in pb)))
+            diff("placeholder columns", sorted(set(c for _row, c in pa)), sorted(set(c for _row, c in pb)))
     return diffs
 
 

@@ -70,7 +70,7 @@ class ProcTracker:
         while pending and time.monotonic() < deadline:
             for pid in list(pending):
                 try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
+                    done, _status = os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:  # not our child (or already reaped)
                     done = pid
                 if done == pid:
@@ -96,9 +96,9 @@ class Sim:
     def _run(self, exe: str, args, env=None, timeout=30) -> Result:
         e = dict(self.env)
         e.update(env or {})
-        proc = subprocess.run([sys.executable, str(SIM_BIN / exe)] + [str(a) for a in args],
+        proc = subprocess.run([str(SIM_BIN / exe)] + [str(a) for a in args],
                               env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, timeout=timeout)
+                              stdin=subprocess.DEVNULL, timeout=timeout, check=False)
         return Result(proc)
 
     def gpusim(self, *args, env=None) -> Result:
@@ -149,7 +149,7 @@ class Sim:
             args += ["-i", ids]
         r = self.smi(*args, env=env)
         assert r.rc == 0, r
-        return [[c for c in line.split(", ")] for line in r.lines]
+        return [line.split(", ") for line in r.lines]
 
     def used(self, gpu: int) -> int:
         rows = self.query_gpu("memory.used", ids=str(gpu))

@@ -156,7 +156,7 @@ class GpuNode:
 
     def __init__(self, root: pathlib.Path, gpus: int = 4, model: str = "H200"):
         self.root = str(root)
-        subprocess.run([sys.executable, str(GPUSIM), "init", "--gpus", str(gpus), "--model", model],
+        subprocess.run([str(GPUSIM), "init", "--gpus", str(gpus), "--model", model],
                        env=self.env(), check=True, capture_output=True)
 
     def env(self, extra=None) -> dict:
@@ -168,8 +168,8 @@ class GpuNode:
         return env
 
     def smi(self, *args) -> str:
-        r = subprocess.run([sys.executable, str(NVIDIA_SMI)] + list(args), env=self.env(),
-                           capture_output=True, text=True)
+        r = subprocess.run([str(NVIDIA_SMI)] + list(args), env=self.env(),
+                           capture_output=True, text=True, check=False)
         assert r.returncode == 0, "nvidia-smi %s failed: %s%s" % (args, r.stdout, r.stderr)
         return r.stdout
 
@@ -197,7 +197,7 @@ class GpuNode:
         return {g["index"]: g["used"] for g in self.gpus()}
 
     def gpusim(self, *args):
-        return subprocess.run([sys.executable, str(GPUSIM)] + list(args), env=self.env(),
+        return subprocess.run([str(GPUSIM)] + list(args), env=self.env(),
                               capture_output=True, text=True, check=True)
 
 

@@ -380,7 +380,7 @@ class TestSpecModel:
         for model in (SpecModel("EAGLE", 1, 1, 2, knobs), SpecModel("EAGLE", 15, 1, 16, knobs),
                       SpecModel("EAGLE", 5, 4, 8, knobs)):
             rng = random.Random(1)
-            steps = [model.sample_step(rng) for _ in range(20000)]
+            steps = [model.sample_step(rng) for _step in range(20000)]
             assert sum(steps) / len(steps) == pytest.approx(model.expected_accept_length(), rel=0.02)
             assert max(steps) <= model.k + 1
         plan = SpecModel("EAGLE", 15, 1, 16, knobs).plan(100, random.Random(0))
@@ -781,11 +781,14 @@ class TestHttpApi:
             done.append(srv.request("/generate", "POST", {"text": "x", "sampling_params":
                                                           {"max_new_tokens": 1000}}).status)
 
-        threads = [threading.Thread(target=long_request) for _ in range(2)]
+        threads = [threading.Thread(target=long_request) for _thread in range(2)]
         for t in threads:
             t.start()
-        loads = wait_for(lambda: (lambda l: l if l["num_running_reqs"] == 2 else None)(
-            srv.request("/v1/loads").json()["loads"][0]), 5, what="two running requests")
+        def two_running():
+            load = srv.request("/v1/loads").json()["loads"][0]
+            return load if load["num_running_reqs"] == 2 else None
+
+        loads = wait_for(two_running, 5, what="two running requests")
         assert loads["num_waiting_reqs"] == 0 and loads["dp_rank"] == 0
         text = srv.request("/metrics").body.decode()
         assert re.search(r'^sglang:num_running_reqs\{[^}]*model_name="m1"[^}]*\} 2\.0$', text, re.M)
@@ -894,7 +897,7 @@ class TestFaultKnobs:
     def test_health_flaps(self, start):
         srv = start([], env={"SGLANG_SIM_HEALTH_FLAP": "2"})
         srv.wait_healthy(ready_line=True, path="/ready")
-        codes = [srv.status("/health") for _ in range(6)]
+        codes = [srv.status("/health") for _probe in range(6)]
         assert 503 in codes and 200 in codes
         assert codes[0::2] != codes[1::2]
 

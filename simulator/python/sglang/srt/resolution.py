@@ -267,8 +267,8 @@ def handle_speculative_decoding_0523(sa, ctx):
     if sa.speculative_adaptive:
         reason = _adaptive_unsupported_reason(sa)
         if reason is not None:
-            logger.warning(f"speculative_adaptive disabled: {reason}. "
-                           "Falling back to static speculative params.")
+            logger.warning("speculative_adaptive disabled: %s. "
+                           "Falling back to static speculative params.", reason)
             sa.speculative_adaptive = False
         if sa.speculative_adaptive:
             _init_adaptive_speculative_params(sa)
@@ -299,8 +299,8 @@ def _resolve_speculative_algorithm_alias(algorithm, draft_arch):
                 f"{draft_arch} draft requires --speculative-algorithm NEXTN or EAGLE; "
                 f"got {algorithm}.")
         if algorithm in ("NEXTN", "EAGLE"):
-            logger.info(f"Detected {draft_arch} draft; promoting --speculative-algorithm "
-                        f"{algorithm} to FROZEN_KV_MTP.")
+            logger.info("Detected %s draft; promoting --speculative-algorithm %s to FROZEN_KV_MTP.",
+                        draft_arch, algorithm)
             return "FROZEN_KV_MTP"
     if algorithm == "NEXTN":
         return "EAGLE"
@@ -499,7 +499,7 @@ def _handle_dflash(sa, ctx):
     for field in ("speculative_num_steps", "speculative_eagle_topk"):
         value = sa.values.get(field)
         if value is not None and int(value) != 1:
-            logger.warning(f"DFLASH only supports {field} == 1; overriding {field}={value} to 1.")
+            logger.warning("DFLASH only supports %s == 1; overriding %s=%s to 1.", field, field, value)
         sa.values[field] = 1
     block = sa.speculative_dflash_block_size
     if block is not None:
@@ -541,7 +541,7 @@ def _handle_dspark(sa, ctx):
                          ("speculative_eagle_topk", "speculative_eagle_topk")):
         value = sa.values.get(field)
         if value is not None and int(value) != 1:
-            logger.warning(f"DSpark only supports {label} == 1; overriding {label}={value} to 1.")
+            logger.warning("DSpark only supports %s == 1; overriding %s=%s to 1.", label, label, value)
         sa.values[field] = 1
     gamma = None
     if sa.speculative_dspark_block_size is not None:

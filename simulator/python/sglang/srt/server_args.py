@@ -217,7 +217,7 @@ class ConfigArgumentMerger:
         try:
             config_data = yaml_subset.load(file_path)
         except Exception as e:
-            logger.error(f"Failed to read config file {file_path}: {e}")
+            logger.error("Failed to read config file %s: %s", file_path, e)
             raise
         if config_data is None:
             config_data = {}
@@ -290,7 +290,7 @@ class ServerArgs:
         resolve(self, ctx)
 
     def log(self) -> None:
-        logger.info(f"server_args={self!r}")
+        logger.info("server_args=%r", self)
 
     @property
     def launch_command(self) -> str:

@@ -81,7 +81,7 @@ class SpecModel:
     def sample_step(self, rng: random.Random) -> int:
         """Tokens produced by one verify step (accepted drafts + bonus)."""
         n = 1
-        for _ in range(self.k):
+        for _draft in range(self.k):
             if rng.random() < self.p:
                 n += 1
             else:

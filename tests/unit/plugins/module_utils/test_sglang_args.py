@@ -327,8 +327,8 @@ def test_spec_v2_0_5_10():
 def test_multi_layer_eagle_disables_adaptive_and_pp():
     result = sa.resolve(spec_args(speculative_adaptive=True), "0.5.23", arch="GigaChat35ForCausalLM")
     assert result["args"]["speculative_adaptive"] is False
-    assert "enable_multi_layer_eagle=True is not supported" in [a for a in result["adjustments"]
-                                                              if a["rule"] == "adaptive.disabled"][0]["log"]
+    disabled = [a for a in result["adjustments"] if a["rule"] == "adaptive.disabled"]
+    assert "enable_multi_layer_eagle=True is not supported" in disabled[0]["log"]
     msg = errors_of(spec_args(pp_size=2, **STATIC), arch="MiMoV2ForCausalLM")
     assert "Pipeline parallelism currently only supports EAGLE" in msg
     assert errors_of(spec_args(pp_size=2, **STATIC), arch="LlamaForCausalLM") == ""
@@ -658,7 +658,7 @@ def test_to_config_yaml_round_trip():
     assert json.loads(loaded["json-model-override-args"]) == {"a": [1, "x"]}
     assert loaded["log-level"] == "yes" and loaded["revision"] == "0123" and loaded["host"] == ""
     assert "skip-server-warmup" not in loaded and "served-model-name" not in loaded
-    assert sglang_config_to_argv(text) == sa.to_argv({k: v for k, v in args.items()}, "0.5.23")
+    assert sglang_config_to_argv(text) == sa.to_argv(dict(args), "0.5.23")
     assert 'json-model-override-args: "{\\"a\\":[1,\\"x\\"]}"' in text.splitlines()
 
 

@@ -20,7 +20,7 @@ logger = logging.getLogger("sglang.srt.entrypoints.dist")
 
 
 def _parse_addr(addr: str):
-    host, _, port = addr.rpartition(":")
+    host, _colon, port = addr.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port)
 
@@ -51,7 +51,7 @@ class DistServer:
     def _accept(self):
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, _addr = self.sock.accept()
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
@@ -98,8 +98,8 @@ class DistServer:
                 if not alive():
                     raise EOFError("Rank 0 scheduler is dead while waiting for the other nodes.")
                 if not logged:
-                    logger.info(f"Waiting for {self.nnodes - 1 - len(self.ready)} more node(s) "
-                                f"to join at {self.host}:{self.port}")
+                    logger.info("Waiting for %s more node(s) to join at %s:%s",
+                                self.nnodes - 1 - len(self.ready), self.host, self.port)
                     logged = True
                 self.lock.wait(0.2)
 
@@ -151,9 +151,8 @@ class DistClient:
             except OSError:
                 data = b""
             if not data:
-                logger.error(f"[node_rank {self.node_rank}] Connection to rank 0 at "
-                             f"{self.host}:{self.port} lost without a ShutdownReq; the "
-                             "schedulers keep running (and keep their GPUs).")
+                logger.error("[node_rank %s] Connection to rank 0 at %s:%s lost without a ShutdownReq; the "
+                             "schedulers keep running (and keep their GPUs).", self.node_rank, self.host, self.port)
                 return
             buf += data
             if b"shutdown\n" in buf:

@@ -242,11 +242,11 @@ class Engine:
                 except socket.timeout:
                     continue
                 if msg is None:
-                    logger.error(f"Rank {i} scheduler is dead. Please check if there are "
-                                 "relevant logs.")
+                    logger.error("Rank %s scheduler is dead. Please check if there are "
+                                 "relevant logs.", i)
                     proc.wait()
                     if proc.returncode != 0:
-                        logger.error(f"Exit code: {proc.returncode}")
+                        logger.error("Exit code: %s", proc.returncode)
                     raise EOFError()
                 if msg.get("event") == "ready":
                     infos.append(msg)
@@ -259,8 +259,8 @@ class Engine:
         """utils/common.py:2507-2564: SIGKILL the descendants, reap, maybe self."""
         pid = os.getpid()
         if self.knobs.at_least(0, 5, 23):
-            logger.info(f"kill_process_tree called: parent_pid={pid}, "
-                        f"include_parent={include_parent}, pid={pid}")
+            logger.info("kill_process_tree called: parent_pid=%s, include_parent=%s, pid=%s",
+                        pid, include_parent, pid)
         victims = utils.descendants_of(pid)
         for child in victims:
             try:
@@ -308,7 +308,7 @@ class Engine:
             uvicorn_logger.info("INFO:     Shutting down")
             uvicorn_logger.info("INFO:     Waiting for application shutdown.")
             uvicorn_logger.info("INFO:     Application shutdown complete.")
-            uvicorn_logger.info(f"INFO:     Finished server process [{os.getpid()}]")
+            uvicorn_logger.info("INFO:     Finished server process [%s]", os.getpid())
             self.exit_code = 0
             self.exit_event.set()
 
@@ -336,8 +336,8 @@ class Engine:
             if knobs.force_shutdown:
                 logger.error("Signal SIGTERM received while force shutdown flag set. Force exiting.")
                 break
-            logger.info(f"Gracefully exiting... Remaining number of requests {len(remaining)}. "
-                        f"Remaining requests remaining_rids={remaining}.")
+            logger.info("Gracefully exiting... Remaining number of requests %s. "
+                        "Remaining requests remaining_rids=%s.", len(remaining), remaining)
             if remaining:
                 time.sleep(knobs.drain_poll_s)
             else:
@@ -357,8 +357,8 @@ class Engine:
             time.sleep(0.1)
         stragglers = [p.pid for p, _n, _c in self.sched if p.poll() is None]
         if stragglers:
-            logger.warning(f"Schedulers still alive {int(knobs.scheduler_exit_timeout_s)}s after "
-                           f"ShutdownReq, killing them before they released: {stragglers}")
+            logger.warning("Schedulers still alive %ss after ShutdownReq, killing them before they released: %s",
+                           int(knobs.scheduler_exit_timeout_s), stragglers)
         self.kill_process_tree(include_parent=False)
         self.exit_code = 0
         self.exit_event.set()
@@ -370,8 +370,8 @@ class Engine:
                 code = proc.poll()
                 if code is None or code == 0:
                     continue
-                logger.error(f"Subprocess {name} (pid={proc.pid}) crashed with exit code {code}. "
-                             "Triggering SIGQUIT for cleanup...")
+                logger.error("Subprocess %s (pid=%s) crashed with exit code %s. "
+                             "Triggering SIGQUIT for cleanup...", name, proc.pid, code)
                 os.kill(os.getpid(), signal.SIGQUIT)
                 return
 
@@ -589,19 +589,17 @@ class Engine:
             self.http = make_http_server(self, sa.host, sa.port)
         except OSError as e:
             errno = e.errno if e.errno is not None else 98
-            uvicorn_logger.error(f"ERROR:    [Errno {errno}] error while attempting to bind on "
-                                 f"address ({sa.host!r}, {sa.port}): "
-                                 f"{'address already in use' if errno == 98 else e.strerror}")
+            uvicorn_logger.error("ERROR:    [Errno %s] error while attempting to bind on address (%r, %s): %s",
+                                 errno, sa.host, sa.port, "address already in use" if errno == 98 else e.strerror)
             self.kill_process_tree(include_parent=False)
             return 1
         signal.signal(signal.SIGTERM, self._sigterm_dispatch)
         threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.1},
                          name="http", daemon=True).start()
-        uvicorn_logger.info(f"INFO:     Started server process [{os.getpid()}]")
+        uvicorn_logger.info("INFO:     Started server process [%s]", os.getpid())
         uvicorn_logger.info("INFO:     Waiting for application startup.")
         uvicorn_logger.info("INFO:     Application startup complete.")
-        uvicorn_logger.info(f"INFO:     Uvicorn running on http://{sa.host}:{sa.port} "
-                            "(Press CTRL+C to quit)")
+        uvicorn_logger.info("INFO:     Uvicorn running on http://%s:%s (Press CTRL+C to quit)", sa.host, sa.port)
         if knobs.at_least(0, 5, 10):
             threading.Thread(target=self._subprocess_watchdog, name="subprocess-watchdog",
                              daemon=True).start()
@@ -650,7 +648,7 @@ class Engine:
                     raise RuntimeError(f"{method} {url} returned {resp.status}")
             conn.close()
         except Exception as e:
-            logger.error(f"Initialization failed. warmup error: {e!r}")
+            logger.error("Initialization failed. warmup error: %r", e)
             self.kill_process_tree(include_parent=True)
             return
         tm.server_status = ServerStatus.Up
@@ -663,8 +661,8 @@ class Engine:
             chan.send({"cmd": "shutdown"})
 
     def _follower_sigterm(self, signum, frame):
-        logger.warning(f"SIGTERM received on node_rank {self.node_rank}; waiting for the rank-0 "
-                       "ShutdownReq broadcast to stop the schedulers.")
+        logger.warning("SIGTERM received on node_rank %s; waiting for the rank-0 "
+                       "ShutdownReq broadcast to stop the schedulers.", self.node_rank)
 
     def _run_follower(self) -> int:
         sa, knobs = self.server_args, self.knobs
@@ -679,14 +677,13 @@ class Engine:
             self.http = make_dummy_health_server(self, sa.host, sa.port)
             threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.1},
                              name="health-check-server", daemon=True).start()
-            logger.info(f"Dummy health check server started in background thread at "
-                        f"{sa.host}:{sa.port}")
+            logger.info("Dummy health check server started in background thread at %s:%s", sa.host, sa.port)
         except OSError as e:
-            logger.error(f"Dummy health check server failed to start: {e}")
+            logger.error("Dummy health check server failed to start: %s", e)
         # block_until_scheduler_exits
         while any(p.poll() is None for p, _n, _c in self.sched):
             time.sleep(0.1)
         self.exit_event.set()
         if self.http is not None:
-            logger.info(f"Dummy health check server stopped at {sa.host}:{sa.port}")
+            logger.info("Dummy health check server stopped at %s:%s", sa.host, sa.port)
         return 0

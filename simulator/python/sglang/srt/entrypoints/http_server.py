@@ -85,8 +85,8 @@ class _Base(BaseHTTPRequestHandler):
         except ValueError:
             phrase = ""
         client = "%s:%s" % (self.client_address[0], self.client_address[1])
-        access_logger.info(f'INFO:     {client} - "{self.command} {self.path} '
-                           f'{self.request_version}" {code} {phrase}')
+        access_logger.info('INFO:     %s - "%s %s %s" %s %s',
+                           client, self.command, self.path, self.request_version, code, phrase)
 
     def send_body(self, code, body=b"", content_type="application/json", headers=None):
         if isinstance(body, (dict, list)):
@@ -238,7 +238,7 @@ class Handler(_Base):
         except json.JSONDecodeError as e:
             self.send_body(400, {"error": {"message": f"Invalid JSON body: {e}"}})
         except Exception as e:  # pragma: no cover - defensive
-            logger.error(f"Error in request handler: {e!r}")
+            logger.error("Error in request handler: %r", e)
             try:
                 self.send_body(500, {"error": {"message": str(e)}})
             except OSError:
@@ -269,9 +269,10 @@ class Handler(_Base):
             tic = time.time()
             time.sleep(timeout)
             logger.error(
-                f"Health check failed. Server couldn't get a response from detokenizer for last "
-                f"{int(timeout)} seconds. tic start time: {time.strftime('%H:%M:%S', time.localtime(tic))}. "
-                f"last_heartbeat time: {time.strftime('%H:%M:%S', time.localtime(tm.last_receive_tstamp))}")
+                "Health check failed. Server couldn't get a response from detokenizer for last "
+                "%s seconds. tic start time: %s. last_heartbeat time: %s",
+                int(timeout), time.strftime('%H:%M:%S', time.localtime(tic)),
+                time.strftime('%H:%M:%S', time.localtime(tm.last_receive_tstamp)))
             tm.server_status = ServerStatus.UnHealthy
             self.send_body(503)
             return
@@ -292,8 +293,8 @@ class Handler(_Base):
     # ------------------------------------------------------------- info
     def _deprecated(self, old, new):
         if self.server.engine.knobs.at_least(0, 5, 10):
-            logger.warning(f"Endpoint '{old}' is deprecated and will be removed in a future "
-                           f"version. Please use '{new}' instead.")
+            logger.warning("Endpoint '%s' is deprecated and will be removed in a future "
+                           "version. Please use '%s' instead.", old, new)
 
     def h_get_server_info(self):
         self._deprecated("/get_server_info", "/server_info")

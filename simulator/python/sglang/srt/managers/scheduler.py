@@ -108,7 +108,7 @@ class ModelRunner:
         cfg = self.cfg
         avail = self._free_mib()  # raises "invalid device ordinal" for a missing GPU
         self._open_device_files()
-        logger.info(f"Load weight begin. avail mem={_gib(avail):.2f} GB")
+        logger.info("Load weight begin. avail mem=%.2f GB", _gib(avail))
         self._allocate(cfg["weights_mib"])
         if cfg["crash_on_load"]:
             raise RuntimeError(
@@ -120,16 +120,16 @@ class ModelRunner:
                 time.sleep(3600)
         time.sleep(cfg["startup_s"])
         logger.info(
-            f"Load weight end. type={cfg['arch']}, dtype=torch.bfloat16, "
-            f"avail mem={_gib(self._free_mib()):.2f} GB, mem usage={_gib(cfg['weights_mib']):.2f} GB.")
+            "Load weight end. type=%s, dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB.",
+            cfg['arch'], _gib(self._free_mib()), _gib(cfg['weights_mib']))
 
     def init_memory_pool(self) -> None:
         cfg = self.cfg
         self._allocate(cfg["kv_mib"])
         kv_gb = _gib(cfg["kv_cache_mib"]) / 2
-        logger.info(f"KV Cache is allocated. #tokens: {cfg['max_total_num_tokens']}, "
-                    f"K size: {kv_gb:.2f} GB, V size: {kv_gb:.2f} GB")
-        logger.info(f"Memory pool end. avail mem={_gib(self._free_mib()):.2f} GB")
+        logger.info("KV Cache is allocated. #tokens: %s, K size: %.2f GB, V size: %.2f GB",
+                    cfg['max_total_num_tokens'], kv_gb, kv_gb)
+        logger.info("Memory pool end. avail mem=%.2f GB", _gib(self._free_mib()))
 
     def release(self) -> None:
         for hid in self.holds:
@@ -144,11 +144,10 @@ class Scheduler:
         self.model_runner.load_model()
         self.model_runner.init_memory_pool()
         if cfg.get("cuda_graph"):
-            logger.info("Capture cuda graph begin. This can take up to several minutes. "
-                        f"avail mem={_gib(self.model_runner._free_mib()):.2f} GB")
-            logger.info("Capture cuda graph end. Time elapsed: 0.01 s. "
-                        f"mem usage={_gib(cfg['overhead_mib']):.2f} GB. "
-                        f"avail mem={_gib(self.model_runner._free_mib()):.2f} GB.")
+            logger.info("Capture cuda graph begin. This can take up to several minutes. avail mem=%.2f GB",
+                        _gib(self.model_runner._free_mib()))
+            logger.info("Capture cuda graph end. Time elapsed: 0.01 s. mem usage=%.2f GB. avail mem=%.2f GB.",
+                        _gib(cfg['overhead_mib']), _gib(self.model_runner._free_mib()))
 
     def get_init_info(self) -> dict:
         cfg = self.cfg
@@ -186,8 +185,8 @@ class Scheduler:
         # SIGABRT and only the SubprocessWatchdog (0.5.10+) notices (§3.3).
         logger.error("[PG ID 0 PG GUID 0(default_pg) Rank %d] Watchdog caught collective "
                      "operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE) ran for 600000 "
-                     "milliseconds before timing out. (SGLANG_SIM_CRASH_AFTER_S)"
-                     % self.cfg["tp_rank"])
+                     "milliseconds before timing out. (SGLANG_SIM_CRASH_AFTER_S)",
+                     self.cfg["tp_rank"])
         sys.stderr.flush()
         try:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -222,7 +221,7 @@ def run_scheduler_process():
         scheduler.run_event_loop(chan)
     except Exception:
         tb = get_exception_traceback()
-        logger.error(f"Scheduler hit an exception: {tb}")
+        logger.error("Scheduler hit an exception: %s", tb)
         try:
             os.kill(cfg["ppid"], signal.SIGQUIT)
         except OSError:

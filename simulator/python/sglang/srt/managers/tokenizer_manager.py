@@ -145,7 +145,7 @@ class TokenizerManager:
     def _token_words(self, rid: str, n: int):
         h = int(hashlib.sha256(("%s:%d" % (rid, self.knobs.seed)).encode()).hexdigest()[:12], 16)
         r = random.Random(h)
-        ids = [r.randrange(1000, 32000) for _ in range(n)]
+        ids = [r.randrange(1000, 32000) for _i in range(n)]
         words = [WORDS[i % len(WORDS)] for i in ids]
         return ids, words
 
@@ -205,10 +205,9 @@ class TokenizerManager:
             plan = self.spec.plan(max_new_tokens, self.rng)
             running_now, queued_now = sum(self.running), sum(self.waiting)
         if not health:
-            logger.info(f"Prefill batch. #new-seq: 1, #new-token: {prompt_tokens}, "
-                        f"#cached-token: {cached}, token usage: "
-                        f"{self._token_usage():.2f}, #running-req: {running_now - 1}, "
-                        f"#queue-req: {queued_now},")
+            logger.info("Prefill batch. #new-seq: 1, #new-token: %s, #cached-token: %s, token usage: %.2f, "
+                        "#running-req: %s, #queue-req: %s,",
+                        prompt_tokens, cached, self._token_usage(), running_now - 1, queued_now)
         step_s = self.spec.step_seconds()
         sim_elapsed = 0.0
         ids, words = self._token_words(rid, max_new_tokens)
