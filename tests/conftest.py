@@ -24,7 +24,7 @@ os.environ.setdefault("ANSIBLE_COLLECTIONS_PATH", str(COLLECTIONS))
 
 # Install Ansible's collection loader so that the checkout imports as
 # ansible_collections.gpufleet.sglang, the way ansible-test units does.
-from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder  # noqa: E402
+from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder  # noqa: E402 - after the .collections link is made
 
 _AnsibleCollectionFinder(paths=[str(COLLECTIONS)])._install()
 

@@ -54,7 +54,7 @@ try:
     import pynvml  # nvidia-ml-py, optional
     HAS_PYNVML = True
     PYNVML_IMPORT_ERROR = None
-except Exception as _pynvml_exc:  # pylint: disable=broad-except
+except Exception as _pynvml_exc:  # pylint: disable=broad-except  # a broken pynvml install can raise anything
     pynvml = None
     HAS_PYNVML = False
     PYNVML_IMPORT_ERROR = _pynvml_exc
@@ -763,7 +763,7 @@ def open_backend(kind, runner, nvidia_smi='nvidia-smi', nvml=None):
         return backend, None
     except BackendUnavailable as exc:
         return NvidiaSmiBackend(runner, nvidia_smi), 'NVML unusable (%s); using nvidia-smi' % exc
-    except Exception as exc:  # pylint: disable=broad-except
+    except Exception as exc:  # pylint: disable=broad-except  # any NVML failure falls back to nvidia-smi
         return NvidiaSmiBackend(runner, nvidia_smi), 'NVML failed (%s); using nvidia-smi' % exc
 
 

@@ -294,7 +294,7 @@ def _exec_child(argv, env, chdir, log_fd, null_fd, err_r, err_w):  # pragma: no 
         try:
             msg = "%s: %s" % (type(exc).__name__, getattr(exc, "strerror", None) or exc)
             os.write(err_w, msg.encode("utf-8", "replace")[:4000])
-        except BaseException:  # noqa: B036
+        except BaseException:  # noqa: B036 - nothing may escape the forked child before os._exit
             pass
     finally:
         os._exit(127)

@@ -29,10 +29,10 @@ KIT_DIR = os.path.dirname(os.path.abspath(__file__))
 if KIT_DIR not in sys.path:
     sys.path.insert(0, KIT_DIR)
 
-from gpukit import gpu as G  # noqa: E402
-from gpukit.results import Results, default_out_dir  # noqa: E402
-from gpukit.scenario import KitContext  # noqa: E402
-from mask import Masker  # noqa: E402
+from gpukit import gpu as G  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit.results import Results, default_out_dir  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit.scenario import KitContext  # noqa: E402 - after tests/gpu is put on sys.path
+from mask import Masker  # noqa: E402 - after tests/gpu is put on sys.path
 
 
 def _env_int(name, default):

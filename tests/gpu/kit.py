@@ -26,10 +26,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpukit import CAPTURES_DIR  # noqa: E402
-from gpukit import gpu as G  # noqa: E402
-from gpukit import queries as Q  # noqa: E402
-from mask import Masker  # noqa: E402
+from gpukit import CAPTURES_DIR  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit import gpu as G  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit import queries as Q  # noqa: E402 - after tests/gpu is put on sys.path
+from mask import Masker  # noqa: E402 - after tests/gpu is put on sys.path
 
 EXPECTED = {"no-library": 12, "no-driver": 9}
 

@@ -26,15 +26,15 @@ KIT_DIR = os.path.dirname(os.path.abspath(__file__))
 if KIT_DIR not in sys.path:
     sys.path.insert(0, KIT_DIR)
 
-import mask as M  # noqa: E402
-from gpukit import CAPTURES_DIR, REPO, ensure_collection_link, gpu_query  # noqa: E402
-from gpukit import ansible_run as AR  # noqa: E402
-from gpukit import gpu as G  # noqa: E402
-from gpukit import queries as Q  # noqa: E402
-from gpukit import results as R  # noqa: E402
-from gpukit import scenario as SC  # noqa: E402
-from gpukit import shape as S  # noqa: E402
-from gpukit.procs import HOLDER, Spawner, is_alive, kill_pids  # noqa: E402
+import mask as M  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit import CAPTURES_DIR, REPO, ensure_collection_link, gpu_query  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit import ansible_run as AR  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit import gpu as G  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit import queries as Q  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit import results as R  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit import scenario as SC  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit import shape as S  # noqa: E402 - after tests/gpu is put on sys.path
+from gpukit.procs import HOLDER, Spawner, is_alive, kill_pids  # noqa: E402 - after tests/gpu is put on sys.path
 
 RUN_SH = os.path.join(KIT_DIR, "run.sh")
 UUID_A = "GPU-107f0d10-3c1a-8d2e-9b7f-0123456789ab"

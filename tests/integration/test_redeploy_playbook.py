@@ -64,8 +64,9 @@ def decoy_survives(request):
         assert alive(n.decoy, n.decoy_start), "the unrelated process %d (python3 -c sleep) was killed" % n.decoy
 
 
-def good_server_running(node):
-    """The managed server runs the resolved incident config with the fast knobs and no fault knob."""
+def good_server_running(node, exact=True):
+    """The managed server runs the resolved incident config, without a fault knob, and (``exact``) with the
+    environment of ``node.host_vars()``, so that a run with the default host vars has nothing to do."""
     pid = node.server_pid()
     if not pid or not alive(pid) or node.health() != 200:
         return None
@@ -75,14 +76,14 @@ def good_server_running(node):
     env = environ_of(pid).split("\0")
     if any(e.startswith(("SGLANG_SIM_CRASH", "SGLANG_SIM_HANG")) for e in env):
         return None
-    if any("%s=%s" % kv not in env for kv in FAST_SERVER_ENV.items()):
+    if exact and any("%s=%s" % kv not in env for kv in FAST_SERVER_ENV.items()):
         return None
     return pid
 
 
-def ensure_deployed(node):
+def ensure_deployed(node, exact=False):
     """The PID of a healthy managed server with the good config; redeploys it (forced) when needed."""
-    pid = good_server_running(node)
+    pid = good_server_running(node, exact)
     if pid:
         return pid
     run = node.run(extravars={"sglang_redeploy_force": True})
@@ -191,7 +192,7 @@ def test_happy_path_replaces_the_incident_server(node):
 
 
 def test_second_run_is_a_no_op(node):
-    pid = ensure_deployed(node)
+    pid = ensure_deployed(node, exact=True)
     holds = holds_by_pid(node)
     run = node.run()
     assert run.rc == 0, run.summary()
@@ -327,20 +328,23 @@ def test_crash_on_launch_rolls_back_to_the_known_good_config(node):
 
 
 def test_concurrent_runs_meet_on_the_lock(node):
-    """Run A redeploys (forced) and holds the lock; B (lock timeout 1 s) fails naming A; C (long timeout)
-    waits, plans again under the lock and finds nothing to do."""
+    """Two operators push the same change (a slower-starting server, SGLANG_SIM_STARTUP_S=5). Run A takes
+    the lock and redeploys. B (lock timeout 1 s) fails naming A's run and touches nothing. C (long timeout)
+    planned a restart before A's new server was up, waits for the lock, plans again under it and finds
+    nothing left to do."""
     ensure_deployed(node)
-    # A's smoke benchmark (about 10 s of generation) keeps the lock held while B and C arrive.
-    run_a = node.start(host_vars=node.host_vars(sglang_smoke_requests=8, sglang_smoke_max_new_tokens=128),
-                       extravars={"sglang_redeploy_force": True})
+    # The 5 s start-up keeps A's new server unhealthy while B and C make their first plan, and A's lock
+    # held (with a longer smoke benchmark) while they arrive at the lock.
+    change = {"SGLANG_SIM_STARTUP_S": "5"}
+    run_a = node.start(host_vars=node.host_vars(server_env=change, sglang_smoke_requests=6, sglang_smoke_max_new_tokens=128))
     holder = wait_for(lambda: read_json(node.lock_path / "holder.json"), 240, 0.05, "run A to take the lock")
-    run_b = node.start(host_vars=node.host_vars(sglang_lock_timeout=1))
-    run_c = node.start(host_vars=node.host_vars(sglang_lock_timeout=240))
+    run_b = node.start(host_vars=node.host_vars(server_env=change, sglang_lock_timeout=1))
+    run_c = node.start(host_vars=node.host_vars(server_env=change, sglang_lock_timeout=240))
     a, b, c = run_a.wait(), run_b.wait(), run_c.wait()
 
     assert a.rc == 0, a.summary()
     row_a = a.row()
-    assert row_a["status"] == "deployed" and row_a["run_id"] == holder["owner"]
+    assert row_a["status"] == "deployed" and row_a["plan"] == "restart" and row_a["run_id"] == holder["owner"], row_a
 
     # B: fails on the lock, naming A's run; touches nothing.
     assert b.rc != 0
@@ -353,20 +357,23 @@ def test_concurrent_runs_meet_on_the_lock(node):
     assert row_b["status"] == "failed" and row_b["step"] == "lock", row_b
     assert row_b["error"] == "lock failed: " + lock_b["msg"]
 
-    # C: waited for A, planned again under the lock, found the config deployed.
+    # C: planned a restart, waited for A, planned again under the lock, found the change deployed.
     assert c.rc == 0, c.summary()
+    assert c.task_result("Decide whether this host needs a redeploy")["ansible_facts"]["sglang_redeploy_needed"] is True
     lock_c = c.task_result("Take the node lock")
     assert lock_c["acquired"] is True and lock_c["waited"] > 0.5, lock_c
     assert c.task_result("Decide again under the lock whether this host needs a redeploy")["ansible_facts"]["sglang_redeploy_needed"] is False
     assert c.ran("Say that another run already did the work")
     assert not c.ran("Drain the target GPUs") and not c.ran("Launch the server and verify its effective config")
     row_c = c.row()
-    assert row_c["status"] == "unchanged" and row_c["plan"] == "none", row_c
+    assert row_c["status"] == "unchanged" and row_c["plan"] == "none" and row_c["signalled"] == [], row_c
     assert c.task_result("Release the node lock")["changed"] is True
 
     assert not node.lock_path.exists()
-    assert node.server_pid() == a.task_result("Launch the server and verify its effective config")["pid"]
-    assert good_server_running(node)
+    pid = node.server_pid()
+    assert pid == a.task_result("Launch the server and verify its effective config")["pid"]
+    assert "SGLANG_SIM_STARTUP_S=5" in environ_of(pid).split("\0")
+    assert good_server_running(node, exact=False) == pid
 
 
 def read_json(path):
@@ -476,4 +483,6 @@ def test_api_key_appears_in_no_event_report_or_command_line(node):
     if not node.runs_done:
         ensure_deployed(node)
     assert node.runs_done and list(node.reports.glob("*"))
+    # Positive control: the marker really went in (the inventory holds it in clear text).
+    assert node.api_key in (node.runs_done[0].artifacts.parent / "inventory.json").read_text()
     assert node.leaks() == []

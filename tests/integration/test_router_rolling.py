@@ -444,7 +444,7 @@ def test_module_against_real_router(servers, models, tmp_path):
     listed = router_workers(router, ROUTER_KEY)
     assert [w["url"] for w in listed] == [worker] and listed[0]["id"] == res["worker"]["id"]
     status, _headers, data = request("POST", router + "/generate", api_key=ROUTER_KEY, timeout=30,
-                              body={"text": "hello", "sampling_params": {"max_new_tokens": 4}})
+                                     body={"text": "hello", "sampling_params": {"max_new_tokens": 4}})
     assert status == 200 and "text" in data, (status, data)   # the router used the worker key
 
     res = run(worker_api_key=WORKER_KEY)

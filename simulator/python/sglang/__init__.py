@@ -5,4 +5,4 @@ simulated server (see ``simulator/README.md``, section "Fake SGLang server").
 Standard library only; the GPU memory it "uses" lives in the ``gpusim`` node
 named by ``GPUSIM_ROOT``.
 """
-from sglang.version import __version__  # noqa: F401
+from sglang.version import __version__  # noqa: F401 - re-exported as sglang.__version__

@@ -16,7 +16,7 @@ import warnings
 if __name__ == "__main__":
     sys.dont_write_bytecode = False
 
-from sglang.srt.sim_config import Knobs, SimConfigError  # noqa: E402
+from sglang.srt.sim_config import Knobs, SimConfigError  # noqa: E402 - after the bytecode switch above
 
 
 def _gpu_context(knobs, sa):

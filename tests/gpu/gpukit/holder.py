@@ -83,7 +83,7 @@ class CudaCtypes(object):
             try:
                 self.lib.cuGetErrorString(rc, ctypes.byref(msg))
                 text = (msg.value or b"").decode()
-            except Exception:  # pylint: disable=broad-except
+            except Exception:  # pylint: disable=broad-except  # any failure is handled right here
                 text = ""
             raise AllocError("%s failed: CUDA error %d %s" % (what, rc, text))
 
@@ -136,8 +136,8 @@ class Cupy(object):
 
     def init(self):
         try:
-            import cupy  # noqa: F401  pylint: disable=import-outside-toplevel
-        except Exception as exc:  # pylint: disable=broad-except
+            import cupy  # pylint: disable=import-outside-toplevel  # optional, only for the cupy allocator
+        except Exception as exc:  # pylint: disable=broad-except  # any failure is handled right here
             raise AllocError("cupy is not importable: %s" % exc)
         self.cp = cupy
         try:
@@ -145,21 +145,21 @@ class Cupy(object):
             self.device_name = props.get("name", b"").decode() if isinstance(props.get("name"), bytes) else props.get("name")
             if props.get("uuid"):
                 self.device_uuid = _uuid_text(props["uuid"])
-        except Exception:  # pylint: disable=broad-except
+        except Exception:  # pylint: disable=broad-except  # any failure is handled right here
             pass
 
     def alloc(self, mib):
         try:
             self.arrays.append(self.cp.zeros(int(mib) * MIB, dtype=self.cp.uint8))
             self.cp.cuda.Device(0).synchronize()
-        except Exception as exc:  # pylint: disable=broad-except
+        except Exception as exc:  # pylint: disable=broad-except  # any failure is handled right here
             raise AllocError("cupy allocation of %d MiB failed: %s" % (mib, exc))
 
     def free_all(self):
         self.arrays = []
         try:
             self.cp.get_default_memory_pool().free_all_blocks()
-        except Exception:  # pylint: disable=broad-except
+        except Exception:  # pylint: disable=broad-except  # any failure is handled right here
             pass
 
     def commit(self, keepers):
@@ -177,8 +177,8 @@ class Torch(object):
 
     def init(self):
         try:
-            import torch  # pylint: disable=import-outside-toplevel
-        except Exception as exc:  # pylint: disable=broad-except
+            import torch  # pylint: disable=import-outside-toplevel  # optional, imported only when used
+        except Exception as exc:  # pylint: disable=broad-except  # any failure is handled right here
             raise AllocError("torch is not importable: %s" % exc)
         if not torch.cuda.is_available():
             raise AllocError("torch.cuda.is_available() is False")
@@ -189,21 +189,21 @@ class Torch(object):
             uuid = getattr(props, "uuid", None)
             if uuid is not None:
                 self.device_uuid = "GPU-" + str(uuid)
-        except Exception:  # pylint: disable=broad-except
+        except Exception:  # pylint: disable=broad-except  # any failure is handled right here
             pass
 
     def alloc(self, mib):
         try:
             self.tensors.append(self.torch.zeros(int(mib) * MIB, dtype=self.torch.uint8, device="cuda:0"))
             self.torch.cuda.synchronize()
-        except Exception as exc:  # pylint: disable=broad-except
+        except Exception as exc:  # pylint: disable=broad-except  # any failure is handled right here
             raise AllocError("torch allocation of %d MiB failed: %s" % (mib, exc))
 
     def free_all(self):
         self.tensors = []
         try:
             self.torch.cuda.empty_cache()
-        except Exception:  # pylint: disable=broad-except
+        except Exception:  # pylint: disable=broad-except  # any failure is handled right here
             pass
 
     def commit(self, keepers):
@@ -226,13 +226,13 @@ class GpuSim(object):
 
     def init(self):
         try:
-            from gpusim.node import Node  # pylint: disable=import-outside-toplevel
-        except Exception as exc:  # pylint: disable=broad-except
+            from gpusim.node import Node  # pylint: disable=import-outside-toplevel  # optional, imported only when used
+        except Exception as exc:  # pylint: disable=broad-except  # any failure is handled right here
             raise AllocError("the gpusim package is not importable (PYTHONPATH=simulator/python): %s" % exc)
         try:
             self.node = Node.from_env()
             gpu = [g for g in self.node.gpus() if g["index"] == self.index][0]
-        except Exception as exc:  # pylint: disable=broad-except
+        except Exception as exc:  # pylint: disable=broad-except  # any failure is handled right here
             raise AllocError("no simulated GPU %d: %s" % (self.index, exc))
         self.device_name = gpu["name"]
         self.device_uuid = gpu["uuid"]
@@ -247,7 +247,7 @@ class GpuSim(object):
             try:
                 self.hold_id = self.node.hold(os.getpid(), [self.index], self.mib, keepers=list(keepers),
                                               meta={"source": "gpukit holder"})
-            except Exception as exc:  # pylint: disable=broad-except
+            except Exception as exc:  # pylint: disable=broad-except  # any failure is handled right here
                 raise AllocError("gpusim hold of %d MiB failed: %s" % (self.mib, exc))
 
     def free_all(self):
@@ -375,12 +375,12 @@ def role_decoy(a):
             info["mode"] = "gpusim nvidiactl open"
         else:
             try:
-                import pynvml  # pylint: disable=import-outside-toplevel
+                import pynvml  # pylint: disable=import-outside-toplevel  # optional, imported only when used
                 pynvml.nvmlInit()
                 pynvml.nvmlDeviceGetCount()
                 keep.append(pynvml)
                 info["mode"] = "pynvml initialised"
-            except Exception as exc:  # pylint: disable=broad-except
+            except Exception as exc:  # pylint: disable=broad-except  # any failure is handled right here
                 try:
                     keep.append(os.open("/dev/nvidiactl", os.O_RDONLY))
                     info["mode"] = "/dev/nvidiactl open (pynvml: %s)" % exc

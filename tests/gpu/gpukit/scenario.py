@@ -83,7 +83,7 @@ class KitContext(object):
                 self._nvml = SimNvml(self.env.get("GPUSIM_ROOT"))
             else:
                 try:
-                    import pynvml  # pylint: disable=import-outside-toplevel
+                    import pynvml  # pylint: disable=import-outside-toplevel  # optional, imported only when used
                     self._nvml = pynvml
                 except ImportError:
                     return None

@@ -51,7 +51,7 @@ class SimNvml(object):
 
     # -- lifecycle ---------------------------------------------------------
     def nvmlInit(self):
-        from gpusim.node import Node  # pylint: disable=import-outside-toplevel
+        from gpusim.node import Node  # pylint: disable=import-outside-toplevel  # optional, imported only when used
         if not self.root:
             raise NVMLError(12, "NVML Shared Library Not Found")
         self.node = Node(self.root)
@@ -103,7 +103,7 @@ class SimNvml(object):
         return _Memory(g["total_mib"] * MIB, g["reserved_mib"] * MIB, g["used_mib"] * MIB, g["free_mib"] * MIB)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        from gpusim.node import pid_for_display  # pylint: disable=import-outside-toplevel
+        from gpusim.node import pid_for_display  # pylint: disable=import-outside-toplevel  # optional, imported only when used
         snap = self._snap()
         by_pid = {}
         for h in snap["holds"]:

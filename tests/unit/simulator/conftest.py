@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpusim_testlib import ProcTracker, Sim  # noqa: E402
+from gpusim_testlib import ProcTracker, Sim  # noqa: E402 - after this directory is put on sys.path
 
 
 @pytest.fixture

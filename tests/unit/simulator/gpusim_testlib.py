@@ -23,7 +23,7 @@ SIM_PY = REPO / "simulator" / "python"
 if str(SIM_PY) not in sys.path:
     sys.path.insert(0, str(SIM_PY))
 
-from gpusim import procfs  # noqa: E402
+from gpusim import procfs  # noqa: E402 - after simulator/python is put on sys.path
 
 
 class Result:

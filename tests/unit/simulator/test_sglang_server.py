@@ -23,15 +23,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from sglang_helpers import (  # noqa: E402
+from sglang_helpers import (  # noqa: E402 - after this directory is put on sys.path
     GpuNode, ProcessRegistry, Server, alive, cmdline, comm, descendants,
     free_port, make_model, wait_for,
 )
 
-from sglang.srt import resolution, yaml_subset  # noqa: E402
-from sglang.srt.server_args import ConfigArgumentMerger, build_parser, prepare_server_args  # noqa: E402
-from sglang.srt.sim_config import VERSION_NAMES, Knobs, version_tuple  # noqa: E402
-from sglang.srt.spec_model import SpecModel  # noqa: E402
+from sglang.srt import resolution, yaml_subset  # noqa: E402 - needs simulator/python on sys.path (conftest)
+from sglang.srt.server_args import ConfigArgumentMerger, build_parser, prepare_server_args  # noqa: E402 - needs simulator/python on sys.path (conftest)
+from sglang.srt.sim_config import VERSION_NAMES, Knobs, version_tuple  # noqa: E402 - needs simulator/python on sys.path (conftest)
+from sglang.srt.spec_model import SpecModel  # noqa: E402 - needs simulator/python on sys.path (conftest)
 
 TOPK1_LINE = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
               "when speculative_eagle_topk == 1")
@@ -784,6 +784,7 @@ class TestHttpApi:
         threads = [threading.Thread(target=long_request) for _thread in range(2)]
         for t in threads:
             t.start()
+
         def two_running():
             load = srv.request("/v1/loads").json()["loads"][0]
             return load if load["num_running_reqs"] == 2 else None

@@ -17,7 +17,7 @@ PLUGINS_TESTS = pathlib.Path(__file__).resolve().parents[1]
 if str(PLUGINS_TESTS) not in sys.path:
     sys.path.insert(0, str(PLUGINS_TESTS))
 
-from sglang_cases import CASES, INCIDENT, LOG_TOPK1  # noqa: E402
+from sglang_cases import CASES, INCIDENT, LOG_TOPK1  # noqa: E402 - after tests/unit/plugins is put on sys.path
 
 REPO = pathlib.Path(__file__).resolve().parents[4]
 BIN = pathlib.Path(sys.executable).parent

@@ -26,7 +26,7 @@ CAPTURES = os.environ.get("GPUKIT_CAPTURES_DIR") or os.path.join(KIT_DIR, "captu
 if KIT_DIR not in sys.path:
     sys.path.insert(0, KIT_DIR)
 
-from mask import Masker  # noqa: E402
+from mask import Masker  # noqa: E402 - after tests/gpu is put on sys.path
 
 EXPECTED_STATUS = {9: gq.STATUS_NOT_LOADED, 12: gq.STATUS_NO_LIBRARY, 18: gq.STATUS_MISMATCH}
 LIST_RE = re.compile(r"^GPU (\d+): (.+) \(UUID: (GPU-[0-9a-f-]+)\)$")

@@ -15,7 +15,7 @@ PLUGINS_TESTS = pathlib.Path(__file__).resolve().parents[1]
 if str(PLUGINS_TESTS) not in sys.path:
     sys.path.insert(0, str(PLUGINS_TESTS))
 
-from sglang_cases import CASES, INCIDENT, LOG_TOPK1  # noqa: E402
+from sglang_cases import CASES, INCIDENT, LOG_TOPK1  # noqa: E402 - after tests/unit/plugins is put on sys.path
 
 MODULE_FILE = pathlib.Path(sa.__file__)
 WHEEL_FLAGS = json.loads((PLUGINS_TESTS / "data" / "sglang_wheel_flags.json").read_text())["flags"]
