@@ -486,3 +486,6 @@ def test_api_key_appears_in_no_event_report_or_command_line(node):
     # Positive control: the marker really went in (the inventory holds it in clear text).
     assert node.api_key in (node.runs_done[0].artifacts.parent / "inventory.json").read_text()
     assert node.leaks() == []
+    # The cost of each run, for the record (pytest -rA or -s shows it).
+    for run in node.runs_done:
+        print("%-34s rc=%s wall %6.1f s  cpu %5.1f s" % (run.artifacts.parent.name, run.rc, run.wall, run.cpu))
