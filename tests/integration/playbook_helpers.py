@@ -467,7 +467,7 @@ class SimNode(object):
     # -- simulator -----------------------------------------------------------
     def gpusim(self, *args, check=True):
         proc = subprocess.run([str(SIM_BIN / "gpusim")] + [str(a) for a in args], env=self.env,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, check=False)
         if check and proc.returncode != 0:
             raise AssertionError("gpusim %s failed (rc %d): %s%s" % (" ".join(map(str, args)), proc.returncode,
                                                                     proc.stdout, proc.stderr))
@@ -475,7 +475,7 @@ class SimNode(object):
 
     def smi(self, *args):
         return subprocess.run([str(SIM_BIN / "nvidia-smi")] + [str(a) for a in args], env=self.env,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, check=False)
 
     def status(self):
         return json.loads(self.gpusim("status").stdout)

@@ -21,17 +21,16 @@ event, artifact, report or server command line.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from playbook_helpers import (FAST_SERVER_ENV, HOST, REPORT_KEYS, RESOLVED_SPEC, Procs, SimNode, alive, cmdline,  # noqa: E402
-                              environ_of, http_get, read_pid_file, session_members, starttime, wait_for)
+from playbook_helpers import (FAST_SERVER_ENV, HOST, REPORT_KEYS, RESOLVED_SPEC, Procs, SimNode, alive, cmdline,
+                              environ_of, http_get, session_members, starttime, wait_for)
 
 pytestmark = pytest.mark.slow
 
 TARGET_GPUS = [0, 1]          # tp_size 2: the first two GPUs
-OTHER_GPUS = [2, 3, 4, 5, 6, 7]
+OTHER_GPUS = (2, 3, 4, 5, 6, 7)
 IDLE_MIB = 1                  # gpusim's idle used memory
 
 
@@ -244,15 +243,15 @@ def test_check_mode_changes_nothing(node):
 
 BAD_CONFIGS = {
     # topk 1 and a draft-token count without steps: strict refuses what SGLang would silently change.
-    "bad-strict": ({"sglang_server_spec_policy": "strict"}, {"speculative_num_steps": None},
-                   "speculative_num_steps: not set while speculative_eagle_topk and speculative_num_draft_tokens are set"),
+    "bad-strict": {"vars": {"sglang_server_spec_policy": "strict"}, "args": {"speculative_num_steps": None},
+                   "expect": "speculative_num_steps: not set while speculative_eagle_topk and speculative_num_draft_tokens are set"},
     # trtllm_mha supports only topk 1.
-    "bad-trtllm": ({}, {"attention_backend": "trtllm_mha", "speculative_eagle_topk": 4, "speculative_num_steps": 3,
-                        "speculative_num_draft_tokens": 8},
-                   "trtllm_mha backend only supports topk = 1"),
+    "bad-trtllm": {"vars": {}, "args": {"attention_backend": "trtllm_mha", "speculative_eagle_topk": 4, "speculative_num_steps": 3,
+                                        "speculative_num_draft_tokens": 8},
+                   "expect": "trtllm_mha backend only supports topk = 1"},
     # The model is not on the node.
-    "bad-model": ({}, {"model_path": "/nonexistent/kimi-k2.5"},
-                  "sglang_server_args.model_path: /nonexistent/kimi-k2.5 does not exist"),
+    "bad-model": {"vars": {}, "args": {"model_path": "/nonexistent/kimi-k2.5"},
+                  "expect": "sglang_server_args.model_path: /nonexistent/kimi-k2.5 does not exist"},
 }
 
 
@@ -263,12 +262,13 @@ def test_bad_configs_fail_at_preflight_and_the_server_keeps_serving(node):
     holds = holds_by_pid(node)
     used = node.used()
     hosts = {}
-    for name, (extra_vars, arg_changes, _) in BAD_CONFIGS.items():
-        hosts[name] = node.host_vars(sglang_server_args=node.server_args(**arg_changes), **extra_vars)
+    for name, bad in BAD_CONFIGS.items():
+        hosts[name] = node.host_vars(sglang_server_args=node.server_args(**bad["args"]), **bad["vars"])
     run = node.run(hosts=hosts, extravars={"sglang_serial": len(hosts)})
     assert run.rc != 0
 
-    for name, (_, _, expected) in BAD_CONFIGS.items():
+    for name, bad in BAD_CONFIGS.items():
+        expected = bad["expect"]
         stats = run.host_stats(name)
         assert stats["failures"] == 1 and stats["changed"] == 0, (name, stats)
         failed = run.task_result("Fail before touching the node when the config or the node is not ready", host=name)
