@@ -183,6 +183,15 @@ def analyse_host(h, recs):
     return out
 
 
+def is_server_of(pid, h):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            argv = fh.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return "sglang.launch_server" in argv and str(h["port"]) in argv
+
+
 def task_profile(timing):
     """Per task name: hosts, median duration and the sum over hosts (where the time goes)."""
     by = {}
@@ -211,8 +220,18 @@ def run_size(opts, workdir, size, n):
     for h in hosts:
         a = analyse_host(h, [r for r in timing if r["host"] == h["name"]])
         per_host.append(a)
-        if a["pid"]:
-            new.append(c.REGISTRY.add(int(a["pid"]), "redeployed server %s" % h["name"]))
+        pids = set([int(a["pid"])] if a["pid"] else [])
+        # Also the playbook's own record, in case the run failed before the launch result came back.
+        for name in os.listdir(h["state"]):
+            if name.endswith(".pid"):
+                with open(os.path.join(h["state"], name)) as fh:
+                    m = re.match(r"\s*(\d+)", fh.read())
+                if m:
+                    pids.add(int(m.group(1)))
+        for pid in sorted(pids):
+            # Only this host's server: a stale PID file may name a PID that now belongs to someone else.
+            if is_server_of(pid, h):
+                new.append(c.REGISTRY.add(pid, "redeployed server %s" % h["name"]))
     statuses = {}
     for name in sorted(os.listdir(os.path.join(base, "reports"))):
         if name.endswith(".json"):
@@ -289,7 +308,7 @@ def report(result):
         " hosts of old-server shutdown + new-server startup + smoke; overhead = wall - intrinsic; goals: overhead <= 3 s"
         " for 1 host, 32 hosts <= 3x the 1-host wall, CPU/host flat)",
         c.table(["hosts", "wall s", "x 1-host", "per host x", "CPU-s/host", "main/host", "intrinsic s", "overhead s",
-                 "modules/host", "deployed", "load"], rows),
+                 "module tasks/host", "deployed", "load"], rows),
     ]
     big = result["sizes"][-1]
     if big["runs"] and big["runs"][0]["tasks"]:

@@ -11,9 +11,10 @@ memory), never printed text.
 The tests share one node and run in file order, like an operator's day:
 the incident server is replaced, a second run is a no-op, a check-mode run
 plans, bad configs fail at preflight, a crashing candidate is rolled back,
-two runs meet on the lock, the read-only playbooks look at the node, stuck
-GPU memory defeats both the redeploy and the rollback, the node is torn
-down. ``ensure_deployed`` brings the node back to the known-good config
+two runs meet on the lock, the read-only playbooks look at the node, the
+node is torn down, stuck GPU memory defeats both the redeploy and the
+rollback. One more test uses a fresh node that was never deployed (the
+rollback is unavailable). ``ensure_deployed`` brings the node back to the known-good config
 when a test runs alone or after a failure. An unrelated Python process (the
 decoy) must survive every test, and the API key marker must appear in no
 event, artifact, report or server command line.
@@ -476,6 +477,27 @@ def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
     # The honest end state: no server runs; GPU 1 kept the orphaned 2 GiB until the reset above.
     assert node.health() is None and not (old_pid and alive(old_pid))
     assert used[0] == IDLE_MIB and used[1] == IDLE_MIB + ORPHAN_MIB, used
+
+
+def test_crash_on_a_never_deployed_node_has_no_rollback(tmp_path, procs):
+    """A fresh node (no known-good config): the crashed candidate is cleaned up and the rollback is
+    ``unavailable``, with the reason; no GPU stays held."""
+    fresh = SimNode(tmp_path / "fresh", procs)
+    run = fresh.run(host_vars=fresh.host_vars(server_env={"SGLANG_SIM_CRASH_ON_LOAD": "1"}))
+    assert run.rc != 0
+    assert run.task_result("Launch the server and verify its effective config")["failed"] is True
+    assert run.task_result("Look for the last known-good config")["stat"]["exists"] is False
+    assert not run.ran("Relaunch the known-good server")
+    assert len(run.task_results("Verify GPU memory is free")) == 1        # the redeploy's only: nothing to relaunch
+    row = run.row()
+    assert row["status"] == "failed" and row["step"] == "launch" and row["plan"] == "start", row
+    assert row["rollback"]["status"] == "unavailable"
+    assert row["rollback"]["detail"].startswith("no known-good config under %s/known-good" % fresh.etc), row["rollback"]
+    fail_msg = run.task_result("Fail the host")["msg"]
+    assert " Rollback unavailable: no known-good config under " in fail_msg, fail_msg
+    assert fresh.health() is None and not fresh.server_tree()
+    assert all(v == IDLE_MIB for v in fresh.used().values()), fresh.used()
+    assert fresh.leaks() == []
 
 
 def test_api_key_appears_in_no_event_report_or_command_line(node):
