@@ -219,7 +219,7 @@ build_node() {
     [[ ${#SIM_FILES[@]} -gt 0 ]] || say "warning: $SIM_DIR has no files; the image has no simulator"
     local ctx t0=$SECONDS f
     ctx="$(mktemp -d "$BUILD_DIR/gpufleet-node-ctx.XXXXXX")"
-    # shellcheck disable=SC2064
+    # shellcheck disable=SC2064 # expand $ctx now: it is a local, gone when the trap runs
     trap "rm -rf '$ctx'" EXIT
     mkdir -p "$ctx/sim" "$ctx/files"
     for f in "${SIM_FILES[@]}"; do

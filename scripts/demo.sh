@@ -32,9 +32,9 @@ clean() {
   if [ -f "$PIDS" ]; then
     while read -r pid name; do stop_pid "$pid" "$name"; done < "$PIDS"
   fi
-  for f in "$DEMO"/state/server.pid; do
-    [ -f "$f" ] && stop_pid "$(cat "$f")" "redeployed SGLang server"
-  done
+  if [ -f "$DEMO/state/server.pid" ]; then
+    stop_pid "$(cat "$DEMO/state/server.pid")" "redeployed SGLang server"
+  fi
   rm -rf "$DEMO"
   echo "demo-clean: done"
 }

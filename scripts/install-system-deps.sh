@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install the system packages that the container-host (molecule) tests need,
-# and only those that are missing.
+# Install the system packages that the container-host (molecule) tests and
+# the shellcheck sanity test need, and only those that are missing.
 #
 #   scripts/install-system-deps.sh           install what is missing
 #   scripts/install-system-deps.sh --check   only report; exit 1 if something is missing
@@ -15,6 +15,8 @@
 #   debootstrap   builds the base root filesystem of the test image
 #   wget          debootstrap's downloader (a Depends, listed for clarity)
 #   ca-certificates  lets debootstrap use an https mirror
+#   ShellCheck    (package shellcheck) for ansible-test sanity's shellcheck
+#                 test, skipped with only a warning when it is missing
 #
 # Not installed on purpose (only needed for rootless podman, and the tests run
 # as root): uidmap, slirp4netns, fuse-overlayfs, buildah, catatonit.
@@ -22,7 +24,7 @@
 # in this list apt would fall back to containernetworking-plugins.
 set -euo pipefail
 
-PACKAGES=(podman runc netavark aardvark-dns iptables debootstrap wget ca-certificates)
+PACKAGES=(podman runc netavark aardvark-dns iptables debootstrap wget ca-certificates shellcheck)
 
 check_only=0
 case "${1:-}" in

@@ -70,6 +70,7 @@ if [[ -z "${GPUFLEET_NODE_IMAGE:-}" ]]; then
 fi
 export GPUFLEET_NODE_IMAGE
 
+# shellcheck disable=SC2317 # run by the EXIT trap below (ShellCheck 0.9 misses trap handlers)
 destroy_all() {
     local s left
     for s in "${scenarios[@]}"; do
@@ -89,7 +90,7 @@ rc_all=0
 for s in "${scenarios[@]}"; do
     say "=== molecule test -s $s"
     t0=$SECONDS
-    # shellcheck disable=SC2086
+    # shellcheck disable=SC2086 # MOLECULE_OPTS holds several options: split it into words
     if molecule test -s "$s" ${MOLECULE_OPTS:-}; then
         result[$s]=PASS
     else

@@ -27,7 +27,10 @@ if [ -e /proc/driver/nvidia/version ]; then
   echo "make_error_captures.sh: this machine has an NVIDIA driver; the rc 9 / rc 12 captures need a machine without one" >&2
   exit 3
 fi
-src=$(ls /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1 || true)
+src=""
+for f in /etc/apt/sources.list.d/*.sources; do
+  if [ -e "$f" ]; then src=$f; break; fi
+done
 if [ -z "$src" ]; then
   echo "make_error_captures.sh: no deb822 apt source in /etc/apt/sources.list.d/*.sources (Debian 12 layout needed)" >&2
   exit 3

@@ -48,7 +48,7 @@ note() { echo "run.sh: $*"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
-    --out) [ $# -ge 2 ] && [ -n "$2" ] || die 2 "--out needs a directory"; out=$2; shift 2 ;;
+    --out) [ -n "${2:-}" ] || die 2 "--out needs a directory"; out=$2; shift 2 ;;
     --out=*) out=${1#--out=}; [ -n "$out" ] || die 2 "--out needs a directory"; shift ;;
     --skip-install) skip_install=1; shift ;;
     --self-test) self_test=1; shift ;;
@@ -63,7 +63,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$allocator" in auto|cuda|cupy|torch) ;; *) die 2 "--allocator must be auto, cuda, cupy or torch, not '$allocator'" ;; esac
-[[ "$mib" =~ ^[0-9]+$ ]] && [ "$mib" -ge 64 ] || die 2 "--mib must be a whole number >= 64, not '$mib'"
+if ! [[ "$mib" =~ ^[0-9]+$ ]] || [ "$mib" -lt 64 ]; then die 2 "--mib must be a whole number >= 64, not '$mib'"; fi
 [ $self_test -eq 1 ] && [ $sim -eq 1 ] && die 2 "--self-test and --sim are exclusive"
 
 # ---------------------------------------------------------------- python
@@ -116,6 +116,7 @@ out=$(cd "$out" && pwd)
 
 # ---------------------------------------------------------------- environment
 TMP=""
+# shellcheck disable=SC2317 # run by the EXIT trap below (ShellCheck 0.9 misses trap handlers)
 cleanup() { [ -n "$TMP" ] && rm -rf "$TMP"; return 0; }
 trap cleanup EXIT
 export PYTHONDONTWRITEBYTECODE=1
@@ -181,5 +182,5 @@ sys.exit(0 if ok else 1)
 EOF
 ) && vrc=0 || vrc=$?
 note "$verdict"
-[ $rc -eq 0 ] && [ $vrc -eq 0 ] && exit 0
+[ "$rc" -eq 0 ] && [ "$vrc" -eq 0 ] && exit 0
 exit 1
