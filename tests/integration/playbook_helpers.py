@@ -470,7 +470,7 @@ class SimNode(object):
                               capture_output=True, text=True, timeout=60, check=False)
         if check and proc.returncode != 0:
             raise AssertionError("gpusim %s failed (rc %d): %s%s" % (" ".join(map(str, args)), proc.returncode,
-                                                                    proc.stdout, proc.stderr))
+                                                                     proc.stdout, proc.stderr))
         return proc
 
     def smi(self, *args):

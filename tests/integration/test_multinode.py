@@ -14,7 +14,8 @@ rank 1 has joined; rank 1 ignores SIGTERM until rank 0's ShutdownReq
 broadcast.
 
 The tests share the two nodes and run in file order: a fresh deploy, a
-redeploy with a changed config (rank 0 torn down first), a no-op run, a rank 1
+redeploy with a changed config (rank 0 torn down first), a no-op run, a run
+whose batches would split the group (refused before anything is touched), a rank 1
 whose new server crashes while loading (both ranks fail at the launch and roll
 back together), and a rank 0 whose new server crashes after rank 1 joined
 (rank 1 fails at the group barrier, and its orphaned candidate, which ignores
@@ -126,9 +127,10 @@ def group(tmp_path_factory, procs):
     return Group(tmp_path_factory.mktemp("multinode"), procs)
 
 
-def assert_group_running(group, spec=RESOLVED_SPEC):
-    """Both ranks run (PID files name live processes), rank 0 serves the resolved config with nnodes 2,
-    and each node holds memory on GPU 0 only."""
+def assert_group_running(group, spec=None):
+    """Both ranks run (PID files name live processes), rank 0 serves the resolved config with nnodes 2
+    (``spec``, default RESOLVED_SPEC), and each node holds memory on GPU 0 only."""
+    spec = RESOLVED_SPEC if spec is None else spec
     pids = group.pids()
     for host, pid in pids.items():
         assert pid and alive(pid), "%s: no live server (pid file says %s)" % (host, pid)
@@ -287,6 +289,23 @@ def test_a_second_run_is_a_no_op_for_both_ranks(group):
         row = report_row(run, host)
         assert row["status"] == "unchanged" and row["plan"] == "none", row
         assert not run.ran("Take the node lock", host=host)
+    assert not drain_events(run, RANK0) and not drain_events(run, RANK1)
+    assert assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED)) == pids
+
+
+def test_a_group_split_over_batches_is_refused_before_anything_is_touched(group):
+    """With serial 1 (the default; an inventory-level sglang_serial does not reach the play's serial), rank 0
+    would be redeployed alone and wait for a rank 1 that never joins: the run stops at the first batch."""
+    pids = ensure_changed_config(group)
+    run = group.run(changed_vars()(group), extravars={"sglang_serial": 1, "sglang_redeploy_force": True})
+    assert run.rc != 0, run.summary()
+    check = run.task_result("Check that every rank of a multi-node server is in this batch", host=RANK0)
+    assert check["failed"] and "this batch holds node rank(s) 0 of it (rank0)" in check["msg"], check
+    assert "Nothing was touched" in check["msg"]
+    assert [r["host"] for r in run.report] == [RANK0], run.report
+    row = report_row(run, RANK0)
+    assert row["status"] == "failed" and row["step"] == "preflight" and row["rollback"]["status"] == "not_needed", row
+    assert not run.ran("Inspect the node", host=RANK0) and not run.ran("Inspect the node", host=RANK1)
     assert not drain_events(run, RANK0) and not drain_events(run, RANK1)
     assert assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED)) == pids
 

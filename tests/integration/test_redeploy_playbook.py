@@ -196,8 +196,8 @@ def test_second_run_is_a_no_op(node):
     holds = holds_by_pid(node)
     run = node.run()
     assert run.rc == 0, run.summary()
-    assert run.host_stats()["changed"] == 0, [t for t, r in [(e["event_data"]["task"], e["event_data"]["res"])
-                                                        for e in run.results(("runner_on_ok",))] if r.get("changed")]
+    assert run.host_stats()["changed"] == 0, [e["event_data"]["task"] for e in run.results(("runner_on_ok",))
+                                              if e["event_data"]["res"].get("changed")]
     row = run.row()
     assert row["status"] == "unchanged" and row["plan"] == "none" and row["error"] is None, row
     assert row["signalled"] == [] and row["rollback"]["status"] == "not_needed"
@@ -460,7 +460,7 @@ def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
 
     fail_msg = run.task_result("Fail the host")["msg"]
     assert fail_msg.startswith("Redeploy of %s failed: teardown failed: " % HOST), fail_msg
-    head, _, rollback = fail_msg.partition(" Rollback failed: ")
+    head, _sep, rollback = fail_msg.partition(" Rollback failed: ")
     assert ORPHAN_TEXT in head and ORPHAN_TEXT in rollback, fail_msg
 
     row = run.row()

@@ -21,13 +21,13 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins"))
 
-from sglang_cases import CASES  # noqa: E402  pylint: disable=wrong-import-position
+from sglang_cases import CASES  # noqa: E402 - after tests/unit/plugins is put on sys.path
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_args  # noqa: E402
+from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_args  # noqa: E402 - kept below the sys.path set-up
 
-from sglang.srt import resolution  # noqa: E402  (the fake server's implementation)
-from sglang.srt.server_args import prepare_server_args  # noqa: E402
-from sglang.srt.sim_config import version_tuple  # noqa: E402
+from sglang.srt import resolution  # noqa: E402 - the fake server's implementation, below the sys.path set-up
+from sglang.srt.server_args import prepare_server_args  # noqa: E402 - below the sys.path set-up
+from sglang.srt.sim_config import version_tuple  # noqa: E402 - below the sys.path set-up
 
 COMPARED = (
     "speculative_algorithm",
