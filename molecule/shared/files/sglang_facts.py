@@ -12,7 +12,8 @@ host instead of one per check). What to look at comes from the environment:
 Keys: pid1, system_state, failed_units, units {UNIT: {property: value}},
 files {PATH: {exists, mode, owner, group, size, sha256[, text]}},
 processes [{pid, ppid, pgid, sid, uid, user, comm, cmdline, args (joined), cgroup}],
-gpus / apps (nvidia-smi rows), holds (gpusim status holds), server_info
+gpus [{index, bus_id, used_mib}] and apps [{pid, process_name,
+gpu_bus_id, used_memory}] (nvidia-smi rows, strings), holds (gpusim status holds), server_info
 (without secret fields) or server_info_error, pid_files {PATH: pid or null}.
 """
 import hashlib
@@ -155,11 +156,10 @@ def main():
     facts["files"] = file_facts(spec.get("files", {}))
     facts["processes"] = process_facts()
 
-    gpu_keys = ["index", "pci.bus_id", "memory.used"]
-    rc, out, err = run(["nvidia-smi", "--query-gpu=" + ",".join(gpu_keys), "--format=csv,noheader,nounits"])
+    rc, out, err = run(["nvidia-smi", "--query-gpu=index,pci.bus_id,memory.used", "--format=csv,noheader,nounits"])
     facts["smi_rc"] = rc
     facts["smi_error"] = (err or (out if rc else "")).strip()
-    facts["gpus"] = csv_rows(out, gpu_keys) if rc == 0 else []
+    facts["gpus"] = csv_rows(out, ["index", "bus_id", "used_mib"]) if rc == 0 else []
     app_keys = ["pid", "process_name", "gpu_bus_id", "used_memory"]
     rc, out, err = run(["nvidia-smi", "--query-compute-apps=" + ",".join(app_keys), "--format=csv,noheader,nounits"])
     facts["apps"] = csv_rows(out, app_keys) if rc == 0 else []
