@@ -168,6 +168,25 @@ def module_runner(module, timeout=None):
     return run
 
 
+def resolve_nvidia_smi(module, value):
+    """Return the nvidia-smi to run for the option value, or None when none is found.
+
+    A value with a slash is a path and must be an executable file; a bare name
+    (V(nvidia-smi), as users often write it) is looked up on PATH like the
+    default. Raises ValueError with a message that names the fix.
+    """
+    if not value:
+        return module.get_bin_path('nvidia-smi')
+    if os.sep not in value:
+        found = module.get_bin_path(value)
+        if not found:
+            raise ValueError('%s was not found on PATH; give its absolute path or fix PATH' % value)
+        return found
+    if not (os.path.isfile(value) and os.access(value, os.X_OK)):
+        raise ValueError('%s is not an executable file' % value)
+    return value
+
+
 def subprocess_runner(timeout=60, env=None):
     """A runner on :mod:`subprocess` (for tests and controller-side tools)."""
     def run(argv):

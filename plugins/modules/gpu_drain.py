@@ -146,7 +146,8 @@ options:
     choices: [auto, nvidia-smi, nvml]
   nvidia_smi:
     description:
-      - Path of the nvidia-smi binary. By default it is searched on E(PATH).
+      - Path of the nvidia-smi binary, or a bare command name that is searched on E(PATH).
+      - By default C(nvidia-smi) is searched on E(PATH).
     type: path
   command_timeout:
     description:
@@ -768,9 +769,10 @@ class Drain(object):
                 self.fail('gpus: %s' % exc)
         self.signal = procfs.parse_signal(p['signal'])
         self.device_patterns = _device_patterns(p, os.environ)
-        if p['nvidia_smi'] and not os.access(p['nvidia_smi'], os.X_OK):
-            self.fail('gpu_drain: nvidia_smi: %s is not an executable file' % p['nvidia_smi'])
-        nvidia_smi = p['nvidia_smi'] or self.module.get_bin_path('nvidia-smi')
+        try:
+            nvidia_smi = gpu_query.resolve_nvidia_smi(self.module, p['nvidia_smi'])
+        except ValueError as exc:
+            self.fail('gpu_drain: nvidia_smi: %s' % exc)
         self.runner = gpu_query.module_runner(self.module, p['command_timeout'])
         if p['backend'] == gpu_query.BACKEND_NVML and not gpu_query.HAS_PYNVML:
             self.module.fail_json(msg=missing_required_lib('nvidia-ml-py (pynvml)'),

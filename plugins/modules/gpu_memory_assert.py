@@ -91,7 +91,8 @@ options:
     choices: [auto, nvidia-smi, nvml]
   nvidia_smi:
     description:
-      - Path of the nvidia-smi binary. By default it is searched on E(PATH).
+      - Path of the nvidia-smi binary, or a bare command name that is searched on E(PATH).
+      - By default C(nvidia-smi) is searched on E(PATH).
     type: path
   device_paths:
     description:
@@ -503,9 +504,10 @@ class Assert(object):
         if p['backend'] == gpu_query.BACKEND_NVML and not gpu_query.HAS_PYNVML:
             self.module.fail_json(msg=missing_required_lib('nvidia-ml-py (pynvml)'),
                                   exception=str(gpu_query.PYNVML_IMPORT_ERROR))
-        if p['nvidia_smi'] and not os.access(p['nvidia_smi'], os.X_OK):
-            self.fail('gpu_memory_assert: nvidia_smi: %s is not an executable file' % p['nvidia_smi'])
-        nvidia_smi = p['nvidia_smi'] or self.module.get_bin_path('nvidia-smi')
+        try:
+            nvidia_smi = gpu_query.resolve_nvidia_smi(self.module, p['nvidia_smi'])
+        except ValueError as exc:
+            self.fail('gpu_memory_assert: nvidia_smi: %s' % exc)
         if not nvidia_smi and (p['backend'] == gpu_query.BACKEND_NVIDIA_SMI or not gpu_query.HAS_PYNVML):
             self.fail('gpu_memory_assert: nvidia-smi was not found on PATH; install the NVIDIA driver utilities or '
                       'set nvidia_smi', diagnosis=[{'gpu': None, 'kind': 'driver', 'summary': 'nvidia-smi not found',

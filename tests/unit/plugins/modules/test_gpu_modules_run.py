@@ -382,3 +382,19 @@ def test_device_users_skips_daemons_and_listed(monkeypatch):
     monkeypatch.setattr(gma.procfs, "read_cmdline",
                         lambda pid: {10: ["/usr/bin/nvidia-persistenced"], 11: ["python3"], 12: []}[pid])
     assert gma.device_users(3, ["/dev/nvidia*"], {12}) == {11: "python3"}
+
+
+@pytest.mark.parametrize("module", [gpu_drain, gma], ids=["gpu_drain", "gpu_memory_assert"])
+def test_bare_nvidia_smi_name_is_looked_up_on_path(sim, capsys, module):
+    # Users write `nvidia_smi: nvidia-smi`; that is a name to find on PATH, not a
+    # file in the task's working directory. The simulator is first on PATH here.
+    res = run(module, {"nvidia_smi": "nvidia-smi"}, capsys)
+    assert not res["failed"], res["msg"]
+    assert res["gpus"]
+
+
+@pytest.mark.parametrize("module", [gpu_drain, gma], ids=["gpu_drain", "gpu_memory_assert"])
+def test_bare_nvidia_smi_name_missing_from_path_names_the_fix(sim, capsys, module):
+    res = run(module, {"nvidia_smi": "nvidia-smi-525"}, capsys)
+    assert res["failed"]
+    assert "nvidia_smi: nvidia-smi-525 was not found on PATH; give its absolute path or fix PATH" in res["msg"]
