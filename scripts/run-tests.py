@@ -32,8 +32,21 @@ def _env() -> dict:
     return env
 
 
-def _pytest(name: str, args: list[str]) -> list[str]:
-    return [str(VENV_BIN / "python"), "-m", "pytest", f"--junitxml={OUT / (name + '.xml')}", *args]
+def _workers() -> str:
+    """pytest-xdist workers: GPUFLEET_TEST_WORKERS, else one per CPU (2 to 4).
+
+    The suites mostly wait on processes they started (simulated servers,
+    ansible-playbook), so two workers pay off even on a 2-core machine; every
+    test uses its own ports, GPUSIM_ROOT, lock and report directories.
+    """
+    return os.environ.get("GPUFLEET_TEST_WORKERS") or str(min(4, max(2, os.cpu_count() or 1)))
+
+
+def _pytest(name: str, args: list[str], parallel: bool = False) -> list[str]:
+    # --dist loadfile: a file's tests run in order on one worker (module-scoped
+    # fixtures such as a simulated node carry state from one test to the next).
+    xdist = ["-n", _workers(), "--dist", "loadfile"] if parallel and _workers() not in ("0", "1") else []
+    return [str(VENV_BIN / "python"), "-m", "pytest", f"--junitxml={OUT / (name + '.xml')}", *xdist, *args]
 
 
 # name -> (argv, kind). kind "pytest" counts JUnit cases; "check" counts 1.
@@ -43,8 +56,8 @@ STAGES: dict[str, tuple[list[str], str]] = {
         "--cov=ansible_collections.gpufleet.sglang.plugins",
         "--cov-report=term-missing:skip-covered",
         "--cov-fail-under=85",
-    ]), "pytest"),
-    "integration": (_pytest("integration", ["tests/integration"]), "pytest"),
+    ], parallel=True), "pytest"),
+    "integration": (_pytest("integration", ["tests/integration"], parallel=True), "pytest"),
     "gpu-kit": (_pytest("gpu-kit", ["tests/gpu", "-m", "gpu or not gpu"]), "pytest"),
     "lint": ([str(VENV_BIN / "ansible-lint"), "--profile", "production"], "check"),
     "sanity": (["bash", "scripts/sanity.sh"], "check"),

@@ -42,6 +42,7 @@ pytestmark = pytest.mark.slow
 RANK0, RANK1 = "rank0", "rank1"
 HOSTS = (RANK0, RANK1)
 GROUP_FAIL_TASK = "Fail together with the other ranks of a multi-node server (%s)"
+LAUNCH_TASK = "Launch the server and verify its effective config"
 # Rank 0 gives up waiting for the other ranks after this long (the fake server's
 # SGLANG_SIM_DIST_TIMEOUT_S), so a crashed rank 1 costs seconds, not ten minutes.
 DIST_TIMEOUT_S = "15"
@@ -330,7 +331,9 @@ def test_a_failed_rank_0_makes_rank_1_fail_at_the_group_barrier(group):
     to stop) is torn down in the rollback, and both ranks run the previous config again."""
     pids = ensure_changed_config(group)
     # Rank 0 loads for a few seconds before it crashes, so rank 1 has joined by then.
-    run = group.run(changed_vars(rank0={"SGLANG_SIM_CRASH_ON_LOAD": "1", "SGLANG_SIM_STARTUP_S": "8"})(group))
+    run = group.run(changed_vars(rank0={"SGLANG_SIM_CRASH_ON_LOAD": "1", "SGLANG_SIM_STARTUP_S": "12"})(group))
+    rank1_launch = run.task_result(LAUNCH_TASK, host=RANK1)
+    assert not rank1_launch["failed"], ("rank 1 must be up before rank 0 crashes", rank1_launch.get("msg"))
     barrier = run.task_result(GROUP_FAIL_TASK % "launch", host=RANK1)
     assert barrier["failed"] and "Another rank of this multi-node server failed (rank0 at launch)" in barrier["msg"], barrier
     assert not run.ran(GROUP_FAIL_TASK % "launch", host=RANK0)       # rank 0 was in the rescue already

@@ -880,7 +880,7 @@ class TestFaultKnobs:
         assert srv.status("/health") == 503 and srv.status("/health_generate") == 503
         assert "fired up" not in srv.log()
 
-    def test_port_in_use(self, start):
+    def test_port_in_use(self, start, node):
         port = free_port()
         blocker = socket.socket()
         blocker.bind(("127.0.0.1", port))
@@ -892,8 +892,11 @@ class TestFaultKnobs:
         assert rc == 1
         assert "[Errno 98] error while attempting to bind on address ('127.0.0.1', %d): " \
                "address already in use" % port in srv.log()
+        # The killed schedulers' memory comes back after the driver's release delay;
+        # a second server started before that would run out of memory instead.
+        wait_for(lambda: node.compute_apps() == [] and set(node.used().values()) == {1}, 10, what="GPUs free")
         srv, rc = run_to_exit(start, [], env={"SGLANG_SIM_PORT_IN_USE": "1"})
-        assert rc == 1 and "address already in use" in srv.log()
+        assert rc == 1 and "address already in use" in srv.log(), srv.log()[-3000:]
 
     def test_health_flaps(self, start):
         srv = start([], env={"SGLANG_SIM_HEALTH_FLAP": "2"})
