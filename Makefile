@@ -35,7 +35,7 @@ unit integration lint sanity: setup
 	@$(VENV)/bin/python scripts/run-tests.py $@
 
 molecule: setup sysdeps
-	@$(VENV)/bin/python scripts/run-tests.py molecule-default molecule-faults molecule-multinode
+	@$(VENV)/bin/python scripts/run-tests.py image molecule-default molecule-faults molecule-multinode
 
 image: sysdeps
 	@scripts/build-image.sh

@@ -61,6 +61,8 @@ STAGES: dict[str, tuple[list[str], str]] = {
     "gpu-kit": (_pytest("gpu-kit", ["tests/gpu", "-m", "gpu or not gpu"]), "pytest"),
     "lint": ([str(VENV_BIN / "ansible-lint"), "--profile", "production"], "check"),
     "sanity": (["bash", "scripts/sanity.sh"], "check"),
+    # Its own step, so that its time and any debootstrap/podman failure show apart from the scenarios.
+    "image": (["bash", "scripts/build-image.sh"], "check"),
     "molecule-default": (["bash", "scripts/run-molecule.sh", "default"], "check"),
     "molecule-faults": (["bash", "scripts/run-molecule.sh", "faults"], "check"),
     "molecule-multinode": (["bash", "scripts/run-molecule.sh", "multinode"], "check"),

@@ -21,6 +21,7 @@ event, artifact, report or server command line.
 """
 from __future__ import annotations
 
+import re
 import json
 
 import pytest
@@ -326,6 +327,37 @@ def test_crash_on_launch_rolls_back_to_the_known_good_config(node):
     assert_gpus(node, TARGET_GPUS)
     known_good = json.loads((node.etc / "known-good" / "server.json").read_text())
     assert "SGLANG_SIM_CRASH_ON_LOAD" not in known_good["env"]
+
+
+def test_smoke_gate_failure_rolls_back_to_the_known_good_config(node):
+    """The candidate starts, is healthy and runs the intended config, but its drafts are mostly rejected
+    (SGLANG_SIM_ACCEPT_P=0.2: accept length ~1.25 against the gate's 2.0). The smoke gate fails after
+    the teardown, so the known-good server comes back."""
+    old_pid = ensure_deployed(node)
+    run = node.run(host_vars=node.host_vars(server_env={"SGLANG_SIM_ACCEPT_P": "0.2"}))
+    assert run.rc != 0 and run.host_stats()["failures"] == 1, run.summary()
+
+    launch = run.task_result("Launch the server and verify its effective config")
+    assert launch["failed"] is False and launch["overrides"] == [], launch
+    smoke = run.task_result("Run the smoke benchmark")
+    assert smoke["failed"] is True, smoke
+    assert re.fullmatch(r"Smoke gate failed: accept length (\d+\.\d+) is below min_accept_length 2\.00.*", smoke["msg"],
+                        re.S), smoke["msg"]
+    assert float(smoke["accept_length"]) < 2.0, smoke
+
+    row = run.row()
+    assert_row_shape(row)
+    assert row["status"] == "rolled_back" and row["step"] == "smoke", row
+    assert row["error"].startswith("smoke failed: Smoke gate failed: accept length"), row
+    assert row["rollback"]["status"] == "succeeded", row["rollback"]
+    # The rollback stopped the failed candidate (started by this run) and relaunched the known-good config.
+    assert launch["pid"] in [p["pid"] for p in row["signalled"]], row["signalled"]
+    assert old_pid in [p["pid"] for p in row["signalled"]]
+    new_pid = node.server_pid()
+    assert new_pid not in (old_pid, launch["pid"]) and not alive(launch["pid"]) and node.health() == 200
+    assert "SGLANG_SIM_ACCEPT_P=0.2" not in environ_of(new_pid).split("\0")
+    assert "SGLANG_SIM_ACCEPT_P" not in json.loads((node.etc / "known-good" / "server.json").read_text())["env"]
+    assert_gpus(node, TARGET_GPUS)
 
 
 def test_concurrent_runs_meet_on_the_lock(node):

@@ -100,7 +100,9 @@ def test_api_hold_mark_exited_release(sim):
     assert ["sglang::scheduler_TP1"] * 2 == [r[3] for r in sim.apps() if r[0] != sim.bus(0)]
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not procfs.is_alive(pid), 5, what="death")
-    # the watcher stamped its own holds; stamp again explicitly: the first stamp wins
+    # the watcher stamps its own holds (it reaps the holder, a moment after the death);
+    # stamp again explicitly: the first stamp wins
+    wait_for(lambda: [h for h in n.holds() if h["id"] == hid][0]["exited_at"] is not None, 5, what="watcher's stamp")
     first = [h for h in n.holds() if h["id"] == hid][0]["exited_at"]
     assert n.mark_exited(pid, at=time.time() + 100) == 0
     assert [h for h in n.holds() if h["id"] == hid][0]["exited_at"] == first
