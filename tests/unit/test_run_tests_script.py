@@ -1,0 +1,47 @@
+"""scripts/run-tests.py: stage summaries, the final count line, and the early background stage."""
+import importlib.util
+import pathlib
+import re
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def load(tmp_path, stages, early):
+    spec = importlib.util.spec_from_file_location("run_tests_under_test", REPO / "scripts" / "run-tests.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.STAGES = stages
+    mod.EARLY = early
+    mod.OUT = tmp_path / "out"
+    mod.REPO = tmp_path
+    return mod
+
+
+def test_early_stage_runs_beside_another_and_is_reported_in_its_place(tmp_path, capsys):
+    stamp, lint_end = tmp_path / "img-started", tmp_path / "lint-ended"
+    mod = load(tmp_path, {
+        "lint": (["bash", "-c", "sleep 1.5; date +%s.%N > " + str(lint_end)], "check"),
+        "sanity": (["bash", "-c", "exit 0"], "check"),
+        "image": (["bash", "-c", "date +%s.%N > " + str(stamp) + "; sleep 1.5"], "check"),
+        "molecule": (["bash", "-c", "echo boom; exit 3"], "check"),
+    }, {"image": "lint"})
+    assert mod.main(["lint", "sanity", "image", "molecule"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    # the image build started while lint ran, not after sanity
+    assert float(stamp.read_text()) < float(lint_end.read_text())
+    stages = [m.group(2) for m in map(re.compile(r"^\[\s*(ok|FAILED)\] (\S+)").match, out) if m]
+    assert stages == ["lint", "sanity", "image", "molecule"]
+    assert any(line.startswith("[FAILED] molecule") for line in out)
+    assert "         | boom" in out
+    assert out[-1] == "3 passed, 1 failed"
+
+
+def test_early_stage_not_requested_is_not_started(tmp_path, capsys):
+    stamp = tmp_path / "img-started"
+    mod = load(tmp_path, {
+        "lint": (["bash", "-c", "exit 0"], "check"),
+        "image": (["bash", "-c", "touch %s" % stamp], "check"),
+    }, {"image": "lint"})
+    assert mod.main(["lint"]) == 0
+    assert not stamp.exists()
+    assert capsys.readouterr().out.splitlines()[-1] == "1 passed, 0 failed"
