@@ -15,6 +15,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -101,13 +102,22 @@ class Started:
         if junit.exists():
             junit.unlink()
         self.start = time.monotonic()
+        self.end = None
         self._fh = self.log.open("w")
         self.proc = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=self._fh, stderr=subprocess.STDOUT)
+        # Stamp the end when it happens: a background stage is waited for later.
+        self._reaper = threading.Thread(target=self._reap, daemon=True)
+        self._reaper.start()
+
+    def _reap(self) -> None:
+        self.proc.wait()
+        self.end = time.monotonic()
 
     def wait(self) -> tuple[int, float]:
-        rc = self.proc.wait()
+        """The exit status and the stage's own duration (start to exit)."""
+        self._reaper.join()
         self._fh.close()
-        return rc, time.monotonic() - self.start
+        return self.proc.returncode, self.end - self.start
 
 
 def run_stage(name: str, started: Started | None = None) -> tuple[int, int, int]:
