@@ -46,7 +46,8 @@ def _workers() -> str:
 def _pytest(name: str, args: list[str], parallel: bool = False) -> list[str]:
     # --dist loadfile: a file's tests run in order on one worker (module-scoped
     # fixtures such as a simulated node carry state from one test to the next).
-    xdist = ["-n", _workers(), "--dist", "loadfile"] if parallel and _workers() not in ("0", "1") else []
+    workers = _workers()
+    xdist = ["-n", workers, "--dist", "loadfile"] if parallel and workers not in ("0", "1") else []
     return [str(VENV_BIN / "python"), "-m", "pytest", f"--junitxml={OUT / (name + '.xml')}", *xdist, *args]
 
 
@@ -121,19 +122,18 @@ class Started:
 
 
 def run_stage(name: str, started: Started | None = None) -> tuple[int, int, int]:
-    _argv, kind = STAGES[name]
+    kind = STAGES[name][1]
     started = started or Started(name)
     log = started.log
     junit = OUT / f"{name}.xml"
     returncode, elapsed = started.wait()
-    proc = subprocess.CompletedProcess(_argv, returncode)
     if kind == "pytest":
         passed, failed, skipped = _count_junit(junit)
-        if proc.returncode not in (0, 5) and failed == 0:
+        if returncode not in (0, 5) and failed == 0:
             failed = 1  # the run failed outside any test (collection error, coverage floor)
     else:
-        passed, failed, skipped = (1, 0, 0) if proc.returncode == 0 else (0, 1, 0)
-    status = "ok" if failed == 0 and proc.returncode in (0, 5) else "FAILED"
+        passed, failed, skipped = (1, 0, 0) if returncode == 0 else (0, 1, 0)
+    status = "ok" if failed == 0 and returncode in (0, 5) else "FAILED"
     extra = f", {skipped} skipped" if skipped else ""
     print(f"[{status:>6}] {name:<20} {passed} passed, {failed} failed{extra} ({elapsed:.1f} s; log {log.relative_to(REPO)})",
           flush=True)

@@ -591,10 +591,6 @@ class Engine:
             errno = e.errno if e.errno is not None else 98
             uvicorn_logger.error("ERROR:    [Errno %s] error while attempting to bind on address (%r, %s): %s",
                                  errno, sa.host, sa.port, "address already in use" if errno == 98 else e.strerror)
-            # A child that loses its sibling mid-kill SIGQUITs the parent; the parent is
-            # already on its way out with status 1, so that must not turn it into a SIGKILL.
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGQUIT, signal.SIG_IGN)
             self.kill_process_tree(include_parent=False)
             return 1
         signal.signal(signal.SIGTERM, self._sigterm_dispatch)
