@@ -19,6 +19,10 @@ description:
     the holder. A lock older than O(stale_after) seconds is considered abandoned (a controller that
     was killed before its C(always) section ran) and is taken over; the takeover is reported.
   - Releasing only removes a lock that this O(owner) holds, unless O(force=true).
+  - C(<path>.generation), next to the lock and kept across releases, counts how many times the lock
+    was taken. M(gpufleet.sglang.sglang_preflight) reads it (O(gpufleet.sglang.sglang_preflight#module:lock_path)):
+    a run that planned at generation N with the lock free and then takes it at N+1 knows that no other
+    run held the lock in between, so its plan is still current.
 options:
   path:
     description:
@@ -97,6 +101,13 @@ waited:
   returned: always
   type: float
   sample: 0.0
+generation:
+  description:
+    - How many times the lock has been taken, this acquisition included (after an acquire); the
+      current count otherwise. V(0) when it was never taken.
+  returned: always
+  type: int
+  sample: 42
 stale_takeover:
   description: The holder record of an abandoned lock that was taken over, when that happened.
   returned: when a stale lock was taken over
@@ -110,20 +121,10 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils.lock import HOLDER, bump_generation, read_generation, read_holder
 
-HOLDER = "holder.json"
 # A takeover guard older than this is left over from a killed run.
 GUARD_STALE_S = 60.0
-
-
-def read_holder(path):
-    """The holder record of the lock at ``path``, or None (no lock, no holder.json yet, not a JSON object)."""
-    try:
-        with open(os.path.join(path, HOLDER), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def try_acquire(path, record):
@@ -226,22 +227,22 @@ def main():
     if p["state"] == "released":
         holder = read_holder(path)
         if not os.path.isdir(path):
-            module.exit_json(changed=False, acquired=False, holder={}, waited=0.0)
+            module.exit_json(changed=False, acquired=False, holder={}, waited=0.0, generation=read_generation(path))
         if holder and holder.get("owner") != p["owner"] and not p["force"]:
             module.fail_json(msg="Lock %s is held by %s, not by %s; set force=true to remove it anyway" % (path, describe(holder), p["owner"]),
-                             acquired=False, holder=holder, waited=0.0)
+                             acquired=False, holder=holder, waited=0.0, generation=read_generation(path))
         if not module.check_mode:
             shutil.rmtree(path, ignore_errors=True)
-        module.exit_json(changed=True, acquired=False, holder=holder or {}, waited=0.0)
+        module.exit_json(changed=True, acquired=False, holder=holder or {}, waited=0.0, generation=read_generation(path))
 
     record = dict(owner=p["owner"], host=socket.gethostname(), pid=os.getppid(), since=time.time(),
                   controller=os.environ.get("GPUFLEET_CONTROLLER", ""))
     holder = read_holder(path)
     if holder and holder.get("owner") == p["owner"]:
-        module.exit_json(changed=False, acquired=True, holder=holder, waited=0.0)
+        module.exit_json(changed=False, acquired=True, holder=holder, waited=0.0, generation=read_generation(path))
     if module.check_mode:
         free = not os.path.isdir(path) or (p["stale_after"] > 0 and lock_age(path, holder) > p["stale_after"])
-        module.exit_json(changed=free, acquired=False, holder=holder or {}, waited=0.0)
+        module.exit_json(changed=free, acquired=False, holder=holder or {}, waited=0.0, generation=read_generation(path))
 
     parent = os.path.dirname(path.rstrip("/"))
     if parent and not os.path.isdir(parent):
@@ -263,11 +264,12 @@ def main():
                 msg="Another redeploy holds the node lock %s: %s. Waited %.1f s (timeout=%s). "
                     "Wait for it to finish, or if it is dead, release it with force=true." % (
                         path, describe(holder), time.monotonic() - start, p["timeout"]),
-                acquired=False, holder=holder or {}, waited=round(time.monotonic() - start, 3))
+                acquired=False, holder=holder or {}, waited=round(time.monotonic() - start, 3), generation=read_generation(path))
         time.sleep(min(delay, left))
         delay = min(delay * 1.5, 2.0)
 
-    result = dict(changed=True, acquired=True, holder=record, waited=round(time.monotonic() - start, 3))
+    # Counted under the lock: only the holder writes the counter.
+    result = dict(changed=True, acquired=True, holder=record, waited=round(time.monotonic() - start, 3), generation=bump_generation(path))
     if stale is not None:
         result["stale_takeover"] = stale
         module.warn("Took over an abandoned lock %s from %s" % (path, describe(stale)))

@@ -60,6 +60,31 @@ options:
   api_key:
     description: Accepted for symmetry with M(gpufleet.sglang.sglang_launch); not used for any request.
     type: str
+  lock_path:
+    description:
+      - The node lock of M(gpufleet.sglang.node_lock). Its state is returned in RV(lock), so that a run
+        that takes the lock afterwards can tell whether another run held it since this inspection.
+    type: path
+  directories:
+    description:
+      - Directories the server needs (config, state, logs). Each is reported in RV(directories), with
+        whether it already exists with O(directory_mode), O(directory_owner) and O(directory_group), so
+        that a playbook only creates or fixes the others.
+    type: list
+    elements: str
+    default: []
+  directory_mode:
+    description: Permission bits (octal string) the O(directories) should have.
+    type: str
+    default: "0750"
+  directory_owner:
+    description: Owner (name or uid) the O(directories) should have. Empty means any.
+    type: str
+    default: ""
+  directory_group:
+    description: Group (name or gid) the O(directories) should have. Empty means any.
+    type: str
+    default: ""
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -133,6 +158,22 @@ managed:
   description: The managed server, as far as the node knows it (pid, source, running).
   returned: always
   type: dict
+lock:
+  description:
+    - The node lock at O(lock_path) (path, held, owner, generation), or V(null) without O(lock_path).
+    - C(generation) counts the acquisitions so far (see M(gpufleet.sglang.node_lock)).
+  returned: always
+  type: dict
+  sample: {"path": "/run/lock/gpufleet-sglang-main.lock", "held": false, "owner": null, "generation": 7}
+directories:
+  description:
+    - One entry per O(directories) item, in order (path as given, exists, mode, owner, group, ok).
+    - C(ok) is true when the path is a directory with O(directory_mode) and, when they are given, the
+      owner and group; the others need a change.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/etc/sglang/main", "exists": true, "mode": "0750", "owner": "root", "group": "root", "ok": true}]
 problems:
   description: Everything that would make the redeploy fail, each naming what to fix. Empty when the node is ready.
   returned: always
@@ -140,11 +181,15 @@ problems:
   elements: str
 """
 
+import grp
 import json
 import os
+import pwd
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query, procfs, sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils import lock as node_lock_state
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process
 
 
@@ -203,6 +248,32 @@ def pid_file_server(pid_file):
         return pid if sglang_process.alive(pid) else None
 
 
+def _name(lookup, ident):
+    try:
+        return lookup(ident)[0]
+    except KeyError:  # no name for this id on the node
+        return str(ident)
+
+
+def _matches(wanted, ident, name):
+    """True when ``wanted`` (a name or a number, "" = any) is the id ``ident`` whose name is ``name``."""
+    return not wanted or wanted == name or wanted == str(ident)
+
+
+def inspect_directory(path, mode, owner, group):
+    """``{path, exists, mode, owner, group, ok}`` for ``path``; ``mode`` is an int, ``owner``/``group`` "" for any."""
+    entry = {"path": path, "exists": False, "mode": None, "owner": None, "group": None, "ok": False}
+    try:
+        st = os.stat(os.path.expanduser(path))
+    except OSError:
+        return entry
+    entry.update(exists=True, mode="%04o" % stat.S_IMODE(st.st_mode),
+                 owner=_name(pwd.getpwuid, st.st_uid), group=_name(grp.getgrgid, st.st_gid))
+    entry["ok"] = (stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == mode
+                   and _matches(owner, st.st_uid, entry["owner"]) and _matches(group, st.st_gid, entry["group"]))
+    return entry
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -216,6 +287,11 @@ def main():
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             backend=dict(type="str", choices=["auto", "nvidia-smi", "nvml"], default="auto"),
             api_key=dict(type="str", no_log=True),
+            lock_path=dict(type="path"),
+            directories=dict(type="list", elements="str", default=[]),
+            directory_mode=dict(type="str", default="0750"),
+            directory_owner=dict(type="str", default=""),
+            directory_group=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
@@ -223,6 +299,12 @@ def main():
     problems = []
     if not 1 <= p["port"] <= 65535:
         module.fail_json(msg="port must be between 1 and 65535, got %s" % p["port"])
+    try:
+        mode = int(p["directory_mode"], 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o7777:
+        module.fail_json(msg="directory_mode must be an octal string such as '0750', got %r" % p["directory_mode"])
 
     arch, err = read_arch(p["model_path"])
     if err:
@@ -309,6 +391,8 @@ def main():
         backend=snap.get("backend"),
         port_owner=port_owner,
         managed=managed,
+        lock=node_lock_state.inspect(p["lock_path"]) if p["lock_path"] else None,
+        directories=[inspect_directory(d, mode, p["directory_owner"], p["directory_group"]) for d in p["directories"]],
         problems=problems,
     )
 

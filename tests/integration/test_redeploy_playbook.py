@@ -140,6 +140,17 @@ def test_happy_path_replaces_the_incident_server(node):
     effective = run.task_result("Show the effective speculative settings")["msg"]["effective"]
     assert {k: effective[k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
 
+    # No other run held the lock since the preflight (generation 0, free; taken as 1): the plan
+    # stands and is not made again. The first deploy creates every directory the server needs.
+    assert len(run.task_results("Inspect the node")) == 1 and len(run.task_results("Plan the launch (nothing starts in this step)")) == 1
+    first_look = run.task_result("Inspect the node")
+    assert first_look["lock"] == {"path": str(node.lock_path), "held": False, "owner": None, "generation": 0}, first_look["lock"]
+    assert not any(d["ok"] for d in first_look["directories"]), first_look["directories"]
+    assert run.task_result("Take the node lock")["generation"] == 1
+    assert run.task_result("Decide whether the plan must be made again under the lock")["ansible_facts"]["sglang_redeploy_replan"] is False
+    assert len(run.task_result("Create the config directories")["results"]) == 4
+    assert run.task_result("Create the known-good directory")["changed"] is True
+
     # The drain signalled the incident server (adopted: it was not recorded anywhere) and nothing else.
     drain = run.task_result("Drain the target GPUs")
     assert drain["changed"] is True
@@ -336,6 +347,9 @@ def test_smoke_gate_failure_rolls_back_to_the_known_good_config(node):
     old_pid = ensure_deployed(node)
     run = node.run(host_vars=node.host_vars(server_env={"SGLANG_SIM_ACCEPT_P": "0.2"}))
     assert run.rc != 0 and run.host_stats()["failures"] == 1, run.summary()
+    # A node deployed before has every directory as it should be: no file task runs.
+    assert all(d["ok"] for d in run.task_result("Inspect the node")["directories"]), run.task_result("Inspect the node")["directories"]
+    assert not run.ran("Create the config directories")
 
     launch = run.task_result("Launch the server and verify its effective config")
     assert launch["failed"] is False and launch["overrides"] == [], launch
@@ -395,6 +409,10 @@ def test_concurrent_runs_meet_on_the_lock(node):
     assert c.task_result("Decide whether this host needs a redeploy")["ansible_facts"]["sglang_redeploy_needed"] is True
     lock_c = c.task_result("Take the node lock")
     assert lock_c["acquired"] is True and lock_c["waited"] > 0.5, lock_c
+    # C saw A's lock held at its preflight, so its plan may be stale: it plans again.
+    assert c.task_results("Inspect the node")[0]["lock"]["held"] is True
+    assert c.task_result("Decide whether the plan must be made again under the lock")["ansible_facts"]["sglang_redeploy_replan"] is True
+    assert len(c.task_results("Inspect the node")) == 2
     assert c.task_result("Decide again under the lock whether this host needs a redeploy")["ansible_facts"]["sglang_redeploy_needed"] is False
     assert c.ran("Say that another run already did the work")
     assert not c.ran("Drain the target GPUs") and not c.ran("Launch the server and verify its effective config")

@@ -269,7 +269,7 @@ def test_acquire_takes_over_a_stale_lock_and_warns(run, tmp_path):
     assert len(res["warnings"]) == 1 and "Took over an abandoned lock" in res["warnings"][0]
     assert "run dead-run" in res["warnings"][0]
     assert node_lock.read_holder(str(lock))["owner"] == "run-B"
-    assert sorted(os.listdir(str(tmp_path))) == ["lock"]
+    assert sorted(os.listdir(str(tmp_path))) == ["lock", "lock.generation"]     # no guard or stale copy left
 
 
 def test_acquire_stale_takeover_disabled(run, tmp_path):
@@ -327,7 +327,7 @@ def test_release_by_the_owner(run, tmp_path):
 
 def test_release_of_a_free_lock_is_a_no_op(run, tmp_path):
     res = run({"path": str(tmp_path / "lock"), "owner": "run-1", "state": "released"})
-    assert res == {"changed": False, "acquired": False, "holder": {}, "waited": 0.0, "failed": False, "warnings": []}
+    assert res == {"changed": False, "acquired": False, "holder": {}, "waited": 0.0, "generation": 0, "failed": False, "warnings": []}
 
 
 def test_release_by_another_owner_is_refused_unless_forced(run, tmp_path):
@@ -355,3 +355,34 @@ def test_argument_errors(run, tmp_path):
     assert res["failed"] is True and "owner" in res["msg"]
     res = run({"path": str(tmp_path / "lock"), "owner": "x", "state": "open"})
     assert res["failed"] is True and "state" in res["msg"]
+
+
+def test_generation_counts_every_acquisition_across_releases(run, tmp_path):
+    lock = tmp_path / "lock"
+    counter = tmp_path / "lock.generation"
+    assert node_lock.read_generation(str(lock)) == 0
+    first = run({"path": str(lock), "owner": "run-1"})
+    assert first["generation"] == 1 and counter.read_text() == "1\n"
+    again = run({"path": str(lock), "owner": "run-1"})                   # the same owner again: not a new acquisition
+    assert again["changed"] is False and again["generation"] == 1
+    check = run({"path": str(lock), "owner": "run-2"}, check=True)
+    assert check["generation"] == 1
+    busy = run({"path": str(lock), "owner": "run-2"})
+    assert busy["failed"] is True and busy["generation"] == 1
+    released = run({"path": str(lock), "owner": "run-1", "state": "released"})
+    assert released["generation"] == 1 and counter.exists() and not lock.exists()   # kept across releases
+    second = run({"path": str(lock), "owner": "run-2"})
+    assert second["generation"] == 2
+    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
+
+
+def test_generation_of_a_stale_takeover_and_of_a_broken_counter(run, tmp_path):
+    lock = tmp_path / "lock"
+    write_holder(lock, owner="dead-run", since=time.time() - 8000)
+    (tmp_path / "lock.generation").write_text("7\n")
+    res = run({"path": str(lock), "owner": "run-1"})
+    assert res["stale_takeover"]["owner"] == "dead-run" and res["generation"] == 8
+    run({"path": str(lock), "owner": "run-1", "state": "released"})
+    (tmp_path / "lock.generation").write_text("garbage")
+    assert node_lock.read_generation(str(lock)) == 0
+    assert run({"path": str(lock), "owner": "run-2"})["generation"] == 1

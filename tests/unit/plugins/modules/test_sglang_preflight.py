@@ -471,3 +471,78 @@ def test_hand_started_server_on_other_gpus_or_beside_a_managed_server_is_a_probl
     beside = run({"model_path": node.model, "port": srv["port"], "gpus": ["0"], "pid_file": str(pid_file)})
     assert beside["managed"]["pid"] == managed
     assert "adoptable" not in beside["port_owner"] and len(beside["problems"]) == 1
+
+
+# ---------------------------------------------------------------------------
+# The node lock's state and the server's directories (read-only reports)
+# ---------------------------------------------------------------------------
+
+def test_lock_state_is_reported_without_touching_the_lock(node, run, tmp_path):
+    lock = tmp_path / "locks" / "gpufleet-sglang-main.lock"
+    res = run({"model_path": node.model, "port": free_port()})
+    assert res["lock"] is None                                           # not asked
+    res = run({"model_path": node.model, "port": free_port(), "lock_path": str(lock)})
+    assert res["lock"] == {"path": str(lock), "held": False, "owner": None, "generation": 0}
+    assert not lock.parent.exists()                                      # read-only: nothing created
+    lock.parent.mkdir()
+    lock.mkdir()
+    (lock / "holder.json").write_text(json.dumps({"owner": "run-A"}))
+    (tmp_path / "locks" / "gpufleet-sglang-main.lock.generation").write_text("41\n")
+    res = run({"model_path": node.model, "port": free_port(), "lock_path": str(lock)}, check=True)
+    assert res["lock"] == {"path": str(lock), "held": True, "owner": "run-A", "generation": 41}
+    assert (lock / "holder.json").exists()
+
+
+def test_directories_report_what_exists_with_the_wanted_mode_and_owner(node, run, tmp_path):
+    import grp
+    import pwd
+    me = pwd.getpwuid(os.getuid()).pw_name
+    group = grp.getgrgid(os.getgid()).gr_name
+    good = tmp_path / "etc"
+    good.mkdir()
+    good.chmod(0o750)
+    wide = tmp_path / "state"
+    wide.mkdir()
+    wide.chmod(0o755)
+    plain = tmp_path / "a-file"
+    plain.write_text("x")
+    plain.chmod(0o750)
+    missing = tmp_path / "log" / "sub"
+    dirs = [str(good), str(wide), str(plain), str(missing)]
+    res = run({"model_path": node.model, "port": free_port(), "directories": dirs})
+    assert [d["path"] for d in res["directories"]] == dirs              # as given, in order
+    by_path = {d["path"]: d for d in res["directories"]}
+    assert by_path[str(good)] == {"path": str(good), "exists": True, "mode": "0750", "owner": me, "group": group, "ok": True}
+    assert by_path[str(wide)]["mode"] == "0755" and by_path[str(wide)]["ok"] is False
+    assert by_path[str(plain)]["exists"] is True and by_path[str(plain)]["ok"] is False      # not a directory
+    assert by_path[str(missing)] == {"path": str(missing), "exists": False, "mode": None, "owner": None, "group": None, "ok": False}
+    assert not missing.exists()                                          # read-only
+    # The owner and group count when given, by name or by number.
+    for owner, grp_ in ((me, group), (str(os.getuid()), str(os.getgid()))):
+        res = run({"model_path": node.model, "port": free_port(), "directories": [str(good)],
+                   "directory_owner": owner, "directory_group": grp_})
+        assert res["directories"][0]["ok"] is True, (owner, grp_)
+    res = run({"model_path": node.model, "port": free_port(), "directories": [str(good)], "directory_owner": "no-such-user-x"})
+    assert res["directories"][0]["ok"] is False
+    res = run({"model_path": node.model, "port": free_port(), "directories": [str(good)], "directory_group": "no-such-group-x"})
+    assert res["directories"][0]["ok"] is False
+    # Another mode is asked for: the 0750 directory needs a change.
+    res = run({"model_path": node.model, "port": free_port(), "directories": [str(good), str(wide)], "directory_mode": "755"})
+    assert [d["ok"] for d in res["directories"]] == [False, True]
+
+
+@pytest.mark.parametrize("mode", ["rwx", "0999", "17777", ""])
+def test_bad_directory_mode_fails_naming_the_option(node, run, mode):
+    res = run({"model_path": node.model, "port": free_port(), "directory_mode": mode})
+    assert res["failed"] is True
+    assert res["msg"] == "directory_mode must be an octal string such as '0750', got %r" % mode
+
+
+def test_directory_owner_without_a_name_on_the_node(tmp_path, monkeypatch):
+    def no_name(ident):
+        raise KeyError(ident)
+
+    monkeypatch.setattr(pf.pwd, "getpwuid", no_name)
+    monkeypatch.setattr(pf.grp, "getgrgid", no_name)
+    entry = pf.inspect_directory(str(tmp_path), pf.stat.S_IMODE(os.stat(str(tmp_path)).st_mode), str(os.getuid()), "")
+    assert entry["owner"] == str(os.getuid()) and entry["group"] == str(os.getgid()) and entry["ok"] is True
