@@ -20,9 +20,9 @@ description:
     was killed before its C(always) section ran) and is taken over; the takeover is reported.
   - Releasing only removes a lock that this O(owner) holds, unless O(force=true).
   - C(<path>.generation), next to the lock and kept across releases, counts how many times the lock
-    was taken. M(gpufleet.sglang.sglang_preflight) reads it (O(gpufleet.sglang.sglang_preflight#module:lock_path)):
-    a run that planned at generation N with the lock free and then takes it at N+1 knows that no other
-    run held the lock in between, so its plan is still current.
+    was taken. M(gpufleet.sglang.sglang_preflight) reads it, see its O(gpufleet.sglang.sglang_preflight#module:lock_path)
+    option. A run that planned at generation N with the lock free and then takes it at N+1 knows that
+    no other run held the lock in between, so its plan is still current.
 options:
   path:
     description:

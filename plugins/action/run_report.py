@@ -1,0 +1,151 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Controller-side writer of the redeploy report (documented in plugins/modules/run_report.py).
+
+It runs in the controller's worker process and executes no module: writing the report used to
+take five module runs (file, copy = stat + copy, template = stat + copy) per batch, which on a
+rolling redeploy (serial 1) was five module runs per host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.text.converters import to_text
+from ansible.plugins.action import ActionBase
+
+DIR_MODE = 0o750
+FILE_MODE = 0o640
+
+TABLE_HEAD = (
+    "| host | status | step | spec (algo / steps / topk / draft) | startup s | smoke tok/s | accept len "
+    "| signalled PIDs | rollback |"
+)
+TABLE_RULE = "|---|---|---|---|---|---|---|---|---|"
+SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+
+
+def _text(value):
+    return to_text(value, errors="surrogate_or_strict")
+
+
+def _or_dash(value):
+    return "-" if value is None else _text(value)
+
+
+def _gpus(readings):
+    return ", ".join("%s=%s MiB" % (_text(g.get("index")), _text(g.get("used_mib"))) for g in readings) or "-"
+
+
+def render_markdown(title, rows):
+    """The Markdown report of ``rows`` (the format of docs/report.md)."""
+    out = ["# SGLang redeploy report %s" % _text(title), "", TABLE_HEAD, TABLE_RULE]
+    for r in rows:
+        args = r.get("effective_args") or {}
+        smoke = r.get("smoke") or {}
+        out.append("| %s |" % " | ".join([
+            _text(r.get("host")), _text(r.get("status")), _text(r.get("step")),
+            " / ".join(_text(args.get(k, "-")) for k in SPEC_KEYS),
+            _or_dash(r.get("startup_s")), _or_dash(smoke.get("tokens_per_s")), _or_dash(smoke.get("accept_length")),
+            ", ".join(_text(p.get("pid")) for p in r.get("signalled") or []) or "-",
+            _text((r.get("rollback") or {}).get("status")),
+        ]))
+    out.append("")
+    for r in rows:
+        rollback = r.get("rollback") or {}
+        out += ["## %s: %s" % (_text(r.get("host")), _text(r.get("status"))), ""]
+        if r.get("error"):
+            out.append("- Error: %s" % _text(r["error"]))
+        if rollback.get("detail"):
+            out.append("- Rollback: %s: %s" % (_text(rollback.get("status")), _text(rollback["detail"])))
+        out.append("- Adjustments:")
+        out += ["  - `%s`: %s -> %s (%s, %s)" % tuple(_text(a.get(k)) for k in ("arg", "from", "to", "rule", "doc"))
+                for a in r.get("adjustments") or []] or ["  - none"]
+        out.append("- GPUs before: %s" % _gpus(r.get("gpus_before") or []))
+        out.append("- GPUs after: %s" % _gpus(r.get("gpus_after") or []))
+        out.append("- Signalled:")
+        out += ["  - PID %s (%s): %s" % (_text(p.get("pid")), _text(p.get("name", "?")),
+                                         ", ".join(_text(s) for s in p.get("signals") or [])
+                                         or "exited with its server, not signalled directly")
+                for p in r.get("signalled") or []] or ["  - none"]
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def merge_rows(existing, new):
+    """``existing`` without the hosts of ``new``, then ``new``: a host's row is replaced, never lost."""
+    hosts = {r.get("host") for r in new}
+    return [r for r in existing if not (isinstance(r, dict) and r.get("host") in hosts)] + list(new)
+
+
+def read_rows(path):
+    """The rows of the JSON report at ``path``: [] when there is none yet; a clear error when it is not a report."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise AnsibleActionFail("The report %s cannot be read (%s); move it away or choose another sglang_report_dir" % (path, exc))
+    if not isinstance(data, list):
+        raise AnsibleActionFail("The report %s is not a JSON list of hosts; move it away or choose another sglang_report_dir" % path)
+    return data
+
+
+def write_atomic(path, text):
+    """Write ``text`` to ``path`` (mode 0640) through a temporary file in the same directory."""
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_report(base, title, rows):
+    """Merge ``rows`` into ``<base>.json`` and write ``<base>.md``; return ``(json_path, md_path, all_rows)``."""
+    base = os.path.expanduser(base)
+    parent = os.path.dirname(base)
+    if parent:
+        os.makedirs(parent, DIR_MODE, exist_ok=True)
+    json_path, md_path = base + ".json", base + ".md"
+    merged = merge_rows(read_rows(json_path), rows)
+    write_atomic(json_path, json.dumps(merged, indent=2, sort_keys=True, default=_text) + "\n")
+    write_atomic(md_path, render_markdown(title, merged))
+    return json_path, md_path, merged
+
+
+class ActionModule(ActionBase):
+
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        super().run(tmp, task_vars)
+        dummy, args = self.validate_argument_spec(argument_spec=dict(
+            path=dict(type="str", required=True),
+            rows=dict(type="list", elements="dict", required=True),
+            title=dict(type="str", default=""),
+        ))
+        bad = [i for i, r in enumerate(args["rows"]) if not r.get("host")]
+        if bad:
+            raise AnsibleActionFail("rows[%s] has no host; every row names the inventory host it reports" % ", ".join(map(str, bad)))
+        try:
+            json_path, md_path, merged = write_report(args["path"], args["title"], args["rows"])
+        except OSError as exc:
+            raise AnsibleActionFail("Cannot write the report under %s: %s; fix sglang_report_dir or its permissions"
+                                    % (os.path.dirname(os.path.expanduser(args["path"])) or ".", exc))
+        # The report is the controller's record of the run, not a change to a host.
+        return dict(changed=False, json_path=json_path, markdown_path=md_path, hosts=[r.get("host") for r in merged])
