@@ -71,7 +71,7 @@ options:
         whether it already exists with O(directory_mode), O(directory_owner) and O(directory_group), so
         that a playbook only creates or fixes the others.
     type: list
-    elements: str
+    elements: path
     default: []
   directory_mode:
     description: Permission bits (octal string) the O(directories) should have.
@@ -167,7 +167,8 @@ lock:
   sample: {"path": "/run/lock/gpufleet-sglang-main.lock", "held": false, "owner": null, "generation": 7}
 directories:
   description:
-    - One entry per O(directories) item, in order (path as given, exists, mode, owner, group, ok).
+    - One entry per O(directories) item, in order (path, exists, mode, owner, group, ok); C(path) is the
+      item with C(~) and variables expanded, so an absolute path comes back as given.
     - C(ok) is true when the path is a directory with O(directory_mode) and, when they are given, the
       owner and group; the others need a change.
   returned: always
@@ -264,7 +265,7 @@ def inspect_directory(path, mode, owner, group):
     """``{path, exists, mode, owner, group, ok}`` for ``path``; ``mode`` is an int, ``owner``/``group`` "" for any."""
     entry = {"path": path, "exists": False, "mode": None, "owner": None, "group": None, "ok": False}
     try:
-        st = os.stat(os.path.expanduser(path))
+        st = os.stat(path)
     except OSError:
         return entry
     entry.update(exists=True, mode="%04o" % stat.S_IMODE(st.st_mode),
@@ -288,7 +289,7 @@ def main():
             backend=dict(type="str", choices=["auto", "nvidia-smi", "nvml"], default="auto"),
             api_key=dict(type="str", no_log=True),
             lock_path=dict(type="path"),
-            directories=dict(type="list", elements="str", default=[]),
+            directories=dict(type="list", elements="path", default=[]),
             directory_mode=dict(type="str", default="0750"),
             directory_owner=dict(type="str", default=""),
             directory_group=dict(type="str", default=""),
