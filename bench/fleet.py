@@ -4,12 +4,18 @@ Each host is `ansible_connection: local` with its own GPUSIM_ROOT (one
 simulated H200), port, lock, config, state and log directories. Sizing for a
 2-core machine: one GPU and `tp_size: 1` per host (a fake server is then three
 Python processes: main, one scheduler, the detokenizer), a 2-request smoke of
-16 tokens, no smoke gates. Before each timed run the benchmark starts every
-host's "incident" server itself (EAGLE3, topk 1, steps 1, 16 draft tokens, by
-hand as in the demo), so each redeploy does the whole job: preflight, lock,
-teardown of the old server, GPU verification, launch, verification, smoke,
-promote, report. The run uses `-e sglang_serial=100%` (one batch) and
-ansible.cfg's forks = 32.
+16 tokens, no smoke gates. Two timed runs per size, on fresh nodes:
+
+- adopt: the benchmark first starts every host's "incident" server itself
+  (EAGLE3, topk 1, steps 1, 16 draft tokens, by hand as in the demo), so the
+  redeploy does the whole job of a first deploy: preflight, lock, teardown of
+  the old server, GPU verification, directories, launch, verification, smoke,
+  promote, report.
+- change: then a config change (schedule_policy lpm) is pushed to the fleet
+  that adopt deployed: the managed server is restarted, the directories are in
+  place (the common redeploy).
+
+Each run uses `-e sglang_serial=100%` (one batch) and ansible.cfg's forks = 32.
 
 Intrinsic waits, subtracted per host to show the orchestration overhead:
 old server shutdown (gpu_drain's seconds_to_exit of the server: SGLang's drain
@@ -47,6 +53,15 @@ def server_env(root):
     }
 
 
+def server_args(models, **change):
+    """The intended server args of every host (the incident's, which the policy corrects), plus ``change``."""
+    args = {"model_path": "%s/kimi-k2.5" % models, "tp_size": 1, "port": "{{ sglang_server_port }}",
+            "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "%s/kimi-k2.5-eagle3" % models,
+            "speculative_eagle_topk": 1, "speculative_num_steps": 1, "speculative_num_draft_tokens": 16}
+    args.update(change)
+    return args
+
+
 def write_inventory(path, hosts, models):
     lines = ["---", "all:", "  children:", "    gpu-nodes:", "      hosts:"]
     for h in hosts:
@@ -75,15 +90,7 @@ def write_inventory(path, hosts, models):
         "    sglang_server_spec_policy: honor_draft_tokens",
         "    sglang_server_health_timeout: 120",
         "    sglang_server_nvidia_smi: %s" % c.NVIDIA_SMI,
-        "    sglang_server_args:",
-        "      model_path: %s/kimi-k2.5" % models,
-        "      tp_size: 1",
-        "      port: \"{{ sglang_server_port }}\"",
-        "      speculative_algorithm: EAGLE3",
-        "      speculative_draft_model_path: %s/kimi-k2.5-eagle3" % models,
-        "      speculative_eagle_topk: 1",
-        "      speculative_num_steps: 1",
-        "      speculative_num_draft_tokens: 16",
+        "    sglang_server_args: %s" % json.dumps(server_args(models)),
         "    gpu_teardown_term_timeout: 30",
         "    gpu_teardown_nvidia_smi: %s" % c.NVIDIA_SMI,
         "    gpu_verify_timeout: 60",
@@ -95,9 +102,9 @@ def write_inventory(path, hosts, models):
         fh.write("\n".join(lines) + "\n")
 
 
-def setup_size(workdir, size):
+def setup_size(workdir, size, n):
     from gpusim.node import Node  # pylint: disable=import-outside-toplevel
-    base = os.path.join(workdir, "fleet-%d" % size)
+    base = os.path.join(workdir, "fleet-%d-run%d" % (size, n))
     models = os.path.join(base, "models")
     os.makedirs(os.path.join(models, "kimi-k2.5"))
     os.makedirs(os.path.join(models, "kimi-k2.5-eagle3"))
@@ -136,7 +143,8 @@ def start_old_servers(hosts, models):
     return items
 
 
-def ready_time(log_path):
+def ready_time(log_path, after=0.0):
+    """When the server started at ``after`` logged "ready to roll" (the log also holds earlier servers' lines)."""
     try:
         with open(log_path, errors="replace") as fh:
             for line in fh:
@@ -144,7 +152,8 @@ def ready_time(log_path):
                 if m:
                     dt = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f")
                     # asctime is local time
-                    return dt.timestamp()
+                    if dt.timestamp() >= after - 1.0:   # /proc/stat btime has 1 s resolution
+                        return dt.timestamp()
     except OSError:
         pass
     return None
@@ -173,7 +182,7 @@ def analyse_host(h, recs):
     out["startup_s"] = None
     if out["pid"]:
         started = c.proc_start_epoch(int(out["pid"]))
-        ready = ready_time(h["log"])
+        ready = ready_time(h["log"], started) if started else None
         if started and ready:
             out["startup_s"] = ready - started
     if out["startup_s"] is None:
@@ -204,16 +213,15 @@ def task_profile(timing):
     return rows
 
 
-def run_size(opts, workdir, size, n):
-    base, models, hosts = setup_size(workdir, size) if n == 0 else opts._fleet_setup[size]
-    opts._fleet_setup[size] = (base, models, hosts)
-    old = start_old_servers(hosts, models)
+def timed_run(opts, base, hosts, size, n, case, extravars):
+    """One timed ansible-playbook run of the redeploy; returns (figures, the servers it launched)."""
     env = c.base_env()
     load = c.loadavg()
-    prof = os.path.join(base, "controller-%d.prof" % n) if opts.profile else None
+    tag = "%s-%d" % (case, n)
+    prof = os.path.join(base, "controller-%s.prof" % tag) if opts.profile else None
     res = c.run_playbook(["-i", os.path.join(base, "inventory.yml"), opts.playbook,
-                          "-l", "gpu-nodes", "-e", json.dumps({"sglang_serial": "100%"})],
-                         env, os.path.join(base, "ansible-%d.log" % n), base, profile=opts.profile, cprofile=prof)
+                          "-l", "gpu-nodes", "-e", json.dumps(dict(extravars, sglang_serial="100%"))],
+                         env, os.path.join(base, "ansible-%s.log" % tag), base, profile=opts.profile, cprofile=prof)
     timing = res["timing"] or []
     per_host = []
     new = []
@@ -231,20 +239,19 @@ def run_size(opts, workdir, size, n):
         for pid in sorted(pids):
             # Only this host's server: a stale PID file may name a PID that now belongs to someone else.
             if is_server_of(pid, h):
-                new.append(c.REGISTRY.add(pid, "redeployed server %s" % h["name"]))
+                new.append(c.REGISTRY.add(pid, "redeployed server %s (%s)" % (h["name"], case)))
     statuses = {}
     for name in sorted(os.listdir(os.path.join(base, "reports"))):
         if name.endswith(".json"):
             with open(os.path.join(base, "reports", name)) as fh:
                 for row in json.load(fh):
                     statuses[row["host"]] = row["status"]
-    c.REGISTRY.stop(old + new)
     for name in os.listdir(os.path.join(base, "reports")):
         os.unlink(os.path.join(base, "reports", name))
     deployed = sum(1 for s in statuses.values() if s == "deployed")
     intrinsic = max(a["intrinsic_s"] for a in per_host)
     out = {
-        "size": size, "run": n, "rc": res["rc"], "load": load, "wall": res["wall"], "cpu": res["cpu"],
+        "size": size, "case": case, "run": n, "rc": res["rc"], "load": load, "wall": res["wall"], "cpu": res["cpu"],
         "cpu_main": res["cpu_main"], "cpu_per_host": res["cpu"] / size,
         "cpu_main_per_host": (res["cpu_main"] / size) if res["cpu_main"] is not None else None,
         "deployed": deployed, "statuses": statuses,
@@ -257,34 +264,55 @@ def run_size(opts, workdir, size, n):
         "tasks_per_host": c.median([a["tasks"] for a in per_host]),
         "hosts": per_host, "tasks": task_profile(timing), "log": res["log"], "profile": prof,
     }
-    print("  fleet %2d hosts run %d: %.1f s wall, %.1f CPU-s (%.2f/host), %d/%d deployed, overhead %.1f s, load %.1f"
-          % (size, n + 1, out["wall"], out["cpu"], out["cpu_per_host"], deployed, size, out["overhead"], load[0]),
+    print("  fleet %2d hosts, %-6s run %d: %.1f s wall, %.1f CPU-s (%.2f/host), %d/%d deployed, overhead %.1f s, load %.1f"
+          % (size, case, n + 1, out["wall"], out["cpu"], out["cpu_per_host"], deployed, size, out["overhead"], load[0]),
           flush=True)
-    return out
+    return out, new
+
+
+def run_size(opts, workdir, size, n):
+    """The two cases on fresh nodes: ``adopt`` replaces the hand-started incident servers (the first
+    deploy: every directory is created); ``change`` then pushes a config change (schedule_policy lpm)
+    to the fleet that ``adopt`` deployed (a managed server to restart, directories in place)."""
+    base, models, hosts = setup_size(workdir, size, n)
+    old = start_old_servers(hosts, models)
+    launched = []
+    try:
+        adopt, new = timed_run(opts, base, hosts, size, n, "adopt", {})
+        launched += new
+        change, new = timed_run(opts, base, hosts, size, n, "change",
+                                {"sglang_server_args": server_args(models, schedule_policy="lpm")})
+        launched += new
+    finally:
+        c.REGISTRY.stop(old + launched)
+    return {"adopt": adopt, "change": change}
+
+
+CASES = ("adopt", "change")
 
 
 def run(opts, workdir):
-    opts._fleet_setup = {}  # pylint: disable=protected-access
-    sizes = []
-    for size in opts.sizes:
-        runs = [run_size(opts, workdir, size, n) for n in range(opts.fleet_runs)]
-        sizes.append(summarise(size, runs))
-    one = next((s for s in sizes if s["size"] == 1), None)
-    for s in sizes:
-        if one and one["wall"]:
-            s["wall_vs_1"] = s["wall"] / one["wall"]
-            s["wall_per_host_vs_1"] = s["wall"] / s["size"] / one["wall"]
-            s["cpu_per_host_vs_1"] = s["cpu_per_host"] / one["cpu_per_host"]
+    by_size = {size: [run_size(opts, workdir, size, n) for n in range(opts.fleet_runs)] for size in opts.sizes}
+    sizes = [summarise(size, case, [r[case] for r in by_size[size]]) for case in CASES for size in opts.sizes]
+    for case in CASES:
+        one = next((s for s in sizes if s["size"] == 1 and s["case"] == case), None)
+        for s in sizes:
+            if s["case"] == case and one and one["wall"]:
+                s["wall_vs_1"] = s["wall"] / one["wall"]
+                s["wall_per_host_vs_1"] = s["wall"] / s["size"] / one["wall"]
+                s["cpu_per_host_vs_1"] = s["cpu_per_host"] / one["cpu_per_host"]
     return {"config": {"gpus_per_host": 1, "tp_size": 1, "startup_s": STARTUP_S, "drain_poll_s": DRAIN_POLL_S,
                        "smoke": "%d requests x %d tokens, no gates" % (SMOKE_REQUESTS, SMOKE_TOKENS),
-                       "serial": "100%", "forks": 32, "fleet_runs": opts.fleet_runs},
+                       "serial": "100%", "forks": 32, "fleet_runs": opts.fleet_runs,
+                       "cases": {"adopt": "first deploy: replace the hand-started incident server",
+                                 "change": "config change (schedule_policy lpm) on the fleet that adopt deployed"}},
             "sizes": sizes}
 
 
-def summarise(size, runs):
+def summarise(size, case, runs):
     keys = ("wall", "cpu", "cpu_per_host", "cpu_main_per_host", "overhead", "intrinsic_max", "shutdown_s", "startup_s",
             "smoke_s", "health_lag_s", "modules_per_host", "tasks_per_host")
-    s = {"size": size, "runs": runs}
+    s = {"size": size, "case": case, "runs": runs}
     for k in keys:
         s[k] = c.median([r[k] for r in runs])
     s["load_1min"] = c.median([r["load"][0] for r in runs])
@@ -296,7 +324,7 @@ def summarise(size, runs):
 def report(result):
     rows = []
     for s in result["sizes"]:
-        rows.append([s["size"], c.fmt(s["wall"], 1), c.fmt(s.get("wall_vs_1")), c.fmt(s.get("wall_per_host_vs_1"), 3),
+        rows.append([s["case"], s["size"], c.fmt(s["wall"], 1), c.fmt(s.get("wall_vs_1")), c.fmt(s.get("wall_per_host_vs_1"), 3),
                      c.fmt(s["cpu_per_host"]), c.fmt(s["cpu_main_per_host"]), c.fmt(s["intrinsic_max"], 1),
                      c.fmt(s["overhead"], 1), c.fmt(s["modules_per_host"], 0), "%d/%d" % (s["deployed"], s["size"]),
                      c.fmt(s["load_1min"], 1)])
@@ -304,16 +332,18 @@ def report(result):
     lines = [
         "Fleet: redeploy.yml, serial 100%%, forks 32; each host 1 simulated H200, tp_size 1, startup %.1f s, smoke %s"
         % (cfg["startup_s"], cfg["smoke"]),
+        "(adopt = %s; change = %s)" % (cfg["cases"]["adopt"], cfg["cases"]["change"]),
         "(CPU = the ansible-playbook process tree incl. modules, main = its controller process alone; intrinsic = max over"
         " hosts of old-server shutdown + new-server startup + smoke; overhead = wall - intrinsic; goals: overhead <= 3 s"
         " for 1 host, 32 hosts <= 3x the 1-host wall, CPU/host flat)",
-        c.table(["hosts", "wall s", "x 1-host", "per host x", "CPU-s/host", "main/host", "intrinsic s", "overhead s",
+        c.table(["case", "hosts", "wall s", "x 1-host", "per host x", "CPU-s/host", "main/host", "intrinsic s", "overhead s",
                  "module tasks/host", "deployed", "load"], rows),
     ]
-    big = result["sizes"][-1]
-    if big["runs"] and big["runs"][0]["tasks"]:
-        lines.append("\nWhere the %d-host run spent its host-seconds (task start to end, summed over hosts):" % big["size"])
-        trows = [[t["task"][:60], t["action"].replace("ansible.builtin.", "").replace("gpufleet.sglang.", ""), t["hosts"],
-                  c.fmt(t["median_s"]), c.fmt(t["sum_s"], 1)] for t in big["runs"][0]["tasks"][:10]]
-        lines.append(c.table(["task", "action", "hosts", "median s", "sum s"], trows))
+    for big in [s for s in result["sizes"] if s["size"] == max(x["size"] for x in result["sizes"])]:
+        if big["runs"] and big["runs"][0]["tasks"]:
+            lines.append("\nWhere the %d-host %s run spent its host-seconds (task start to end, summed over hosts):"
+                         % (big["size"], big["case"]))
+            trows = [[t["task"][:60], t["action"].replace("ansible.builtin.", "").replace("gpufleet.sglang.", ""), t["hosts"],
+                      c.fmt(t["median_s"]), c.fmt(t["sum_s"], 1)] for t in big["runs"][0]["tasks"][:10]]
+            lines.append(c.table(["task", "action", "hosts", "median s", "sum s"], trows))
     return "\n".join(lines)
