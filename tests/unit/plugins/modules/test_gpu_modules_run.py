@@ -272,11 +272,13 @@ def test_assert_transient_errors_are_retried_until_the_deadline(sim, capsys, tmp
     broken = tmp_path / "nvidia-smi"
     broken.write_text("#!/bin/sh\necho 'Internal error'\nexit 255\n")
     broken.chmod(0o755)
-    res = run(gma, {"nvidia_smi": str(broken), "timeout": 1, "sleep": 0.1, "backend": "nvidia-smi"}, capsys)
+    # 3 s leaves room for several polls of 0.1 s even on a loaded 2-core machine (with 1 s, one slow
+    # first poll could end past the deadline).
+    res = run(gma, {"nvidia_smi": str(broken), "timeout": 3, "sleep": 0.1, "backend": "nvidia-smi"}, capsys)
     assert res["failed"]
     assert res["polls"] >= 2
     assert res["diagnosis"][0]["kind"] == "error"
-    assert "nvidia-smi kept failing for 1 s: error (rc 255) Internal error" in res["msg"]
+    assert "nvidia-smi kept failing for 3 s: error (rc 255) Internal error" in res["msg"]
 
 
 @pytest.mark.parametrize("args, words", [
