@@ -183,6 +183,20 @@ options:
         and session members) are SIGKILLed, by PID.
     type: float
     default: 60
+  record_file:
+    description:
+      - When set, a start or restart first writes the launch record there, as JSON (mode C(0640), atomically; the
+        directory is made when missing). C(gpufleet.sglang.sglang_server) writes the candidate config this way, and its
+        promote step keeps it as the known-good config that a rollback relaunches.
+      - The record holds C(name), C(version), C(manager), C(args) (secret-named keys masked; give secrets through
+        O(api_key)), C(env) without C(CUDA_VISIBLE_DEVICES), C(cuda_visible_devices), C(python) and the keys of
+        O(record_extra). C(env) is written as given, so that a relaunch gets the same environment.
+      - Nothing is written in check mode, or when the server already runs as intended.
+    type: path
+  record_extra:
+    description: More keys for the launch record, for example the resolver's adjustments. Ignored without O(record_file).
+    type: dict
+    default: {}
 notes:
   - Starting a long-lived daemon cannot go through C(run_command), which waits for the command to end. The spawn is isolated in
     C(module_utils/sglang_process.py) (C(os.fork), C(os.setsid), C(os.execvpe), an argv list, no shell).
@@ -244,6 +258,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+record_file:
+  description: The launch record written before the start (O(record_file)).
+  returned: when O(record_file) is set and the server was started or restarted
+  type: str
+  sample: /etc/sglang/main/candidate/server.json
 action:
   description: What the module did (or would do in check mode).
   returned: always
@@ -890,6 +909,18 @@ class Launcher(object):
         return {"before": before, "after": after, "before_header": "%s (running)" % self.name,
                 "after_header": "%s (intended)" % self.name}
 
+    def launch_record(self):
+        """What O(record_file) holds: enough to launch the same server again (the rollback reads it)."""
+        args = dict((k, sp.MASK if sp.is_secret_name(k) and v not in (None, "", False) else v)
+                    for k, v in (self.p["args"] or {}).items())
+        record = dict(self.p["record_extra"] or {})
+        record.update(
+            name=self.name, version=self.version, manager=self.manager, args=args, python=self.python,
+            env=dict((k, v) for k, v in (self.p["env"] or {}).items() if k != "CUDA_VISIBLE_DEVICES"),
+            cuda_visible_devices=self.env.get("CUDA_VISIBLE_DEVICES", ""),
+        )
+        return record
+
     # ---------------- main flow ----------------
 
     def run(self):
@@ -994,8 +1025,11 @@ class Launcher(object):
                 "port %d is already in use by %s: SGLang server %s would fail to bind it, or the health check would reach the "
                 "other server. Stop that process or choose another port (port / args.port). Nothing was started."
                 % (self.port, owner, self.name))
-        for directory in set(os.path.dirname(x) for x in (self.pid_file, self.log_file, self.config_path) if x):
+        for directory in set(os.path.dirname(x) for x in (self.pid_file, self.log_file, self.config_path, self.p["record_file"]) if x):
             sp.ensure_dir(directory)
+        if self.p["record_file"]:
+            sp.write_private(self.p["record_file"], json.dumps(self.launch_record(), indent=4, sort_keys=True) + "\n", mode=0o640)
+            self.result["record_file"] = self.p["record_file"]
         if self.config_text is not None and self.manager == "process":
             if self._config_on_disk() != self.config_text or (os.stat(self.config_path).st_mode & 0o077):
                 sp.write_private(self.config_path, self.config_text)
@@ -1254,6 +1288,8 @@ def argument_spec():
         expect=dict(type="dict"),
         on_override=dict(type="str", default="fail", choices=["fail", "warn", "ignore"]),
         stop_timeout=dict(type="float", default=60),
+        record_file=dict(type="path"),
+        record_extra=dict(type="dict", default={}),
     )
 
 

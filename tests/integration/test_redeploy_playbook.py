@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 import json
+import os
+import pathlib
 
 import pytest
 
@@ -197,6 +199,11 @@ def test_happy_path_replaces_the_incident_server(node):
     assert row["startup_s"] > 0 and row["smoke"]["accept_length"] == smoke["accept_length"]
     assert row["rollback"] == {"status": "not_needed", "detail": None}
     assert "| %s | deployed | done | EAGLE3 / 15 / 1 / 16 |" % HOST in run.report_md, run.report_md
+
+    # The launch wrote the candidate record itself (no separate copy task), 0640; promote kept it as known-good.
+    assert launch["record_file"] == str(node.etc / "candidate" / "server.json") and not run.ran("Write the candidate config")
+    assert os.stat(launch["record_file"]).st_mode & 0o777 == 0o640
+    assert json.loads(pathlib.Path(launch["record_file"]).read_text())["adjustments"] == row["adjustments"]
 
     # The verified config is the node's known-good now.
     known_good = json.loads((node.etc / "known-good" / "server.json").read_text())

@@ -724,6 +724,40 @@ def test_flow_start_verify_idempotent_restart_stop(world, tmp_path):
     assert stopped["changed"] is False and stopped["action"] == "none"
 
 
+def test_flow_launch_record_is_written_before_a_start_only(world, tmp_path):
+    """record_file: the candidate config record (the rollback relaunches from it): written with mode 0640 just
+    before a start or restart, with secret-named args masked and the environment as given; never in check
+    mode, never when the server already runs as intended, and never when the start is refused."""
+    world.info = dict(INCIDENT, port=31111)
+    world.health = ["refused", 503, 200]
+    record_file = tmp_path / "etc" / "candidate" / "server.json"
+    params = base_params(tmp_path, record_file=str(record_file), record_extra={"adjustments": [{"arg": "x"}]},
+                         env={"HF_TOKEN": "hf-secret", "CUDA_VISIBLE_DEVICES": "0,1"},
+                         args=dict(INCIDENT, port=31111, admin_api_key="adm-secret-1"))
+    planned, dummy = run_launcher(params, check_mode=True)
+    assert planned["action"] == "start" and "record_file" not in planned and not record_file.parent.exists(), planned
+
+    result, dummy = run_launcher(params)
+    assert result["action"] == "start" and result["record_file"] == str(record_file)
+    assert stat.S_IMODE(os.stat(record_file).st_mode) == 0o640
+    record = json.loads(record_file.read_text())
+    assert record["name"] == "unit" and record["version"] == "0.5.23" and record["manager"] == "process"
+    assert record["python"] == "/bin/sh" and record["adjustments"] == [{"arg": "x"}]
+    assert record["args"]["admin_api_key"] == "********" and "adm-secret-1" not in record_file.read_text() and record["args"]["port"] == 31111
+    assert record["env"] == {"HF_TOKEN": "hf-secret"} and record["cuda_visible_devices"] == "0,1"
+    assert record_file.read_text().endswith("}\n") and "    " in record_file.read_text()      # to_nice_json layout
+
+    record_file.write_text("untouched\n")
+    again, dummy = run_launcher(params)
+    assert again["action"] == "none" and "record_file" not in again
+    assert record_file.read_text() == "untouched\n"
+
+    changed = dict(params, args=dict(params["args"], mem_fraction_static=0.8))
+    result, dummy = run_launcher(changed)
+    assert result["action"] == "restart" and json.loads(record_file.read_text())["args"]["mem_fraction_static"] == 0.8
+    assert [p.name for p in record_file.parent.iterdir()] == ["server.json"]                   # no temporary file left
+
+
 def test_flow_on_override_fail_leaves_server_running(world, tmp_path):
     world.info = dict(INCIDENT, speculative_num_draft_tokens=2, port=31111)
     with pytest.raises(_Fail) as info:
