@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import write_private
 
 DIR_MODE = 0o750
 FILE_MODE = 0o640
@@ -97,22 +98,6 @@ def read_rows(path):
     return data
 
 
-def write_atomic(path, text):
-    """Write ``text`` to ``path`` (mode 0640) through a temporary file in the same directory."""
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write_report(base, title, rows):
     """Merge ``rows`` into ``<base>.json`` and write ``<base>.md``; return ``(json_path, md_path, all_rows)``."""
     base = os.path.expanduser(base)
@@ -121,8 +106,9 @@ def write_report(base, title, rows):
         os.makedirs(parent, DIR_MODE, exist_ok=True)
     json_path, md_path = base + ".json", base + ".md"
     merged = merge_rows(read_rows(json_path), rows)
-    write_atomic(json_path, json.dumps(merged, indent=2, sort_keys=True, default=_text) + "\n")
-    write_atomic(md_path, render_markdown(title, merged))
+    # Atomic (a temporary file in the same directory, then a rename), created with the final mode.
+    write_private(json_path, json.dumps(merged, indent=2, sort_keys=True, default=_text) + "\n", mode=FILE_MODE)
+    write_private(md_path, render_markdown(title, merged), mode=FILE_MODE)
     return json_path, md_path, merged
 
 

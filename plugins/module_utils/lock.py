@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import write_private
+
 HOLDER = "holder.json"
 GENERATION_SUFFIX = ".generation"
 
@@ -47,11 +49,7 @@ def read_generation(path):
 def bump_generation(path):
     """Add one to the counter of the lock at ``path`` and return the new value. Call it only while holding the lock."""
     value = read_generation(path) + 1
-    target = generation_path(path)
-    tmp = "%s.tmp-%d" % (target, os.getpid())
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("%d\n" % value)
-    os.replace(tmp, target)
+    write_private(generation_path(path), "%d\n" % value, mode=0o644)
     return value
 
 

@@ -911,11 +911,10 @@ class Launcher(object):
 
     def launch_record(self):
         """What O(record_file) holds: enough to launch the same server again (the rollback reads it)."""
-        args = dict((k, sp.MASK if sp.is_secret_name(k) and v not in (None, "", False) else v)
-                    for k, v in (self.p["args"] or {}).items())
         record = dict(self.p["record_extra"] or {})
         record.update(
-            name=self.name, version=self.version, manager=self.manager, args=args, python=self.python,
+            name=self.name, version=self.version, manager=self.manager, args=sp.redact(self.p["args"] or {}, self.secrets),
+            python=self.python,
             env=dict((k, v) for k, v in (self.p["env"] or {}).items() if k != "CUDA_VISIBLE_DEVICES"),
             cuda_visible_devices=self.env.get("CUDA_VISIBLE_DEVICES", ""),
         )

@@ -69,14 +69,20 @@ def test_a_file_that_is_not_a_report_is_never_overwritten(tmp_path, content, err
     assert not (tmp_path / "R1-redeploy.md").exists()
 
 
-def test_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+def test_failed_write_keeps_the_old_report_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process
+
+    base = tmp_path / "R1-redeploy"
+    run_report.write_report(str(base), "R1", ROWS[:1])
+    before = sorted((p.name, p.read_text()) for p in tmp_path.iterdir())
+
     def refuse(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(run_report.os, "replace", refuse)
+    monkeypatch.setattr(sglang_process.os, "replace", refuse)
     with pytest.raises(OSError):
-        run_report.write_atomic(str(tmp_path / "x.json"), "[]\n")
-    assert list(tmp_path.iterdir()) == []
+        run_report.write_report(str(base), "R1", ROWS)
+    assert sorted((p.name, p.read_text()) for p in tmp_path.iterdir()) == before
 
 
 def action(args, check_mode=False):

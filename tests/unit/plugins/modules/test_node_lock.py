@@ -373,7 +373,8 @@ def test_generation_counts_every_acquisition_across_releases(run, tmp_path):
     assert released["generation"] == 1 and counter.exists() and not lock.exists()   # kept across releases
     second = run({"path": str(lock), "owner": "run-2"})
     assert second["generation"] == 2
-    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lock", "lock.generation"]     # no temporary file left
+    assert counter.read_text() == "2\n" and oct(counter.stat().st_mode & 0o777) == oct(0o644)
 
 
 def test_generation_of_a_stale_takeover_and_of_a_broken_counter(run, tmp_path):
