@@ -1,12 +1,18 @@
 """``make build`` produces a clean collection tarball that installs and documents itself.
 
-The tarball must hold only what a commit would (no coverage data, caches or
-other git-ignored files), ``ansible-galaxy collection build`` and ``install``
-must not warn, and ``ansible-doc`` must render a module from the installed copy
-(not from the checkout). Temporary directories are removed afterwards.
+The tarball must hold the collection only (plugins, roles, playbooks, meta,
+docs, changelogs, README.md, LICENSE, and the MANIFEST.json/FILES.json that
+the build writes): no simulator (its Python package ``sglang`` would shadow
+the real SGLang wherever the collection lands on ``sys.path``), no tests,
+benchmarks, molecule scenarios or developer tooling, and nothing that a commit
+would not hold (no coverage data, caches or other git-ignored files).
+``ansible-galaxy collection build`` and ``install`` must not warn, and
+``ansible-doc`` must render a module from the installed copy (not from the
+checkout). Temporary directories are removed afterwards.
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -22,6 +28,18 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[2]
 VENV_BIN = pathlib.Path(sys.executable).parent
 TIMEOUT = 600
+
+# Top-level entries a user's copy of the collection may have (galaxy.yml build_ignore keeps the rest out).
+ALLOWED_TOP = {"plugins", "roles", "playbooks", "meta", "docs", "changelogs", "README.md", "LICENSE",
+               "MANIFEST.json", "FILES.json"}
+# Must be there: without them the tarball is not the collection.
+REQUIRED = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "meta/runtime.yml", "playbooks/redeploy.yml"}
+# Top-level import names of the test support (simulator/python): a package or module of that name anywhere in
+# the tarball could end up on sys.path and shadow the real one. Everything under plugins/ is imported through
+# Ansible's collection loader (ansible_collections.gpufleet.sglang.plugins...), so plugins/filter/sglang.py and
+# plugins/module_utils/sglang/ are namespaced and cannot shadow anything.
+TEST_SUPPORT_PACKAGES = ("sglang", "gpusim")
+NAMESPACED = "plugins/"
 
 
 def _env(**extra):
@@ -63,6 +81,43 @@ def test_tarball_holds_only_committable_files(tarball):
     assert extra == [], "files in the tarball that git ignores"
     assert not any(re.search(r"(^|/)(__pycache__|\.pytest_cache)/|\.pyc$", f) for f in files)
     assert "galaxy.yml" not in files
+
+
+def _members(tarball):
+    with tarfile.open(tarball) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def test_tarball_holds_only_the_collection(tarball):
+    members = _members(tarball)
+    names = set(members)
+    assert REQUIRED <= names, "missing from the tarball: %s" % sorted(REQUIRED - names)
+    top = {n.split("/", 1)[0] for n in names}
+    assert top <= ALLOWED_TOP, "not part of the collection (add to galaxy.yml build_ignore): %s" % sorted(top - ALLOWED_TOP)
+    for gone in ("simulator", "tests", "bench", "molecule", "scripts", "requirements"):
+        assert not any(n == gone or n.startswith(gone + "/") for n in names), gone
+    # Only files and directories: a packed link makes the tarball uninstallable or points outside it.
+    odd = sorted(n for n, m in members.items() if not (m.isfile() or m.isdir()))
+    assert odd == [], "links or special files in the tarball: %s" % odd
+
+
+def test_tarball_has_no_test_support_package(tarball):
+    shadowing = sorted(n for n in _members(tarball) if not n.startswith(NAMESPACED) and any(
+        part in TEST_SUPPORT_PACKAGES or part in ("%s.py" % p for p in TEST_SUPPORT_PACKAGES)
+        for part in n.split("/")))
+    assert shadowing == [], "test-support packages in the tarball: %s" % shadowing
+    # The simulator's entry points, wherever they might hide.
+    assert not [n for n in _members(tarball) if n.endswith(("/launch_server.py", "/gpusim_cli.py", "/nvidia-smi"))]
+
+
+def test_license_is_the_gpl_v3(tarball):
+    galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
+    assert galaxy["license"] == ["GPL-3.0-or-later"]
+    with tarfile.open(tarball) as tar:
+        text = tar.extractfile("LICENSE").read().decode()
+        manifest = json.load(tar.extractfile("MANIFEST.json"))
+    assert "GNU GENERAL PUBLIC LICENSE" in text and "Version 3, 29 June 2007" in text
+    assert manifest["collection_info"]["license"] == ["GPL-3.0-or-later"]
 
 
 def test_installed_tarball_renders_a_module(tarball):
