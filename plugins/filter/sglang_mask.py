@@ -17,7 +17,11 @@ description:
     C(admin_api_key) or C(hf_token); C(speculative_token_map) is not a secret. SGLang's C(/server_info) returns C(api_key)
     in clear (sglang.md section 2.1), so pass server info through this filter before showing it.
   - In lists of strings (argv, numbers allowed among them), the value after a secret flag such as
-    C(--api-key) is masked, and so is the value part of C(--api-key=VALUE).
+    C(--api-key), C(--hf-token) or C(--admin-api-key) is masked, and so is the value part of C(--api-key=VALUE).
+  - Inside strings, C(key='value') assignments with a secret key, C(--api-key VALUE), C(HF_TOKEN=VALUE)
+    environment words, passwords and tokens inside URLs (C(https://user:pw@host), C(?token=...)) and
+    C(Bearer) tokens are masked.
+  - The rules are the collection's one set, shared with every module and the report.
 positional: _input
 options:
   _input:
@@ -43,29 +47,18 @@ _value:
   type: raw
 """
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import MASK, is_secret_name, mask_argv, mask_text
+from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
 
 
 def mask(value):
     """Return ``value`` with secrets masked (recursively).
 
-    The rules are the collection's single implementation in
-    ``module_utils/sglang_process.py``: secret-named keys (``is_secret_name``),
-    secret flags in argv lists (``mask_argv``) and ``key='value'`` or
-    ``--api-key VALUE`` inside free text (``mask_text``).
+    The rules are the collection's single implementation,
+    ``module_utils/secrets.py`` (``secrets.redact``): secret-named keys,
+    secret flags in argv lists, ``key='value'``, ``--api-key VALUE``,
+    ``HF_TOKEN=VALUE`` and URL tokens inside strings.
     """
-    if isinstance(value, dict):
-        return {k: (MASK if is_secret_name(k) and value[k] not in (None, "", False) else mask(v)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        if any(isinstance(v, str) for v in value) and not any(isinstance(v, (dict, list, tuple)) for v in value):
-            # An argv list, possibly with numbers in it (``['--port', 30000, '--api-key', KEY]``):
-            # masked as text, non-strings kept as they are unless they are a secret flag's value.
-            masked = mask_argv([str(v) for v in value])
-            return [m if isinstance(v, str) or m != str(v) else v for v, m in zip(value, masked)]
-        return [mask(v) for v in value]
-    if isinstance(value, str):
-        return mask_text(value)
-    return value
+    return secrets.redact(value)
 
 
 class FilterModule:

@@ -36,6 +36,8 @@ import select
 import signal
 import time
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
+
 PROC_ROOT = '/proc'
 
 # Default device-node patterns for "holds a GPU device open" (fnmatch globs).
@@ -62,8 +64,8 @@ STATE_NAMES = {
     'K': 'wakekill',
 }
 
-SECRET_FLAGS = ('--api-key', '--admin-api-key')
-MASK = '********'
+SECRET_FLAGS = secrets.SECRET_FLAGS
+MASK = secrets.MASK
 
 _UNIT_SUFFIXES = ('.service', '.scope')
 
@@ -242,31 +244,9 @@ def systemd_unit_from_cgroup(text):
     return unit, manager, '/' + '/'.join(parts[:unit_index + 1])
 
 
-def mask_secrets(argv, flags=SECRET_FLAGS):
-    """Return ``argv`` with the values of secret flags replaced by ``********``.
-
-    Handles ``--api-key X`` and ``--api-key=X``; a flag at the very end keeps
-    nothing to mask.
-    """
-    out = []
-    mask_next = False
-    for arg in argv:
-        if mask_next:
-            out.append(MASK)
-            mask_next = False
-            continue
-        masked = False
-        for flag in flags:
-            if arg == flag:
-                mask_next = True
-                break
-            if arg.startswith(flag + '='):
-                out.append(flag + '=' + MASK)
-                masked = True
-                break
-        if not masked:
-            out.append(arg)
-    return out
+def mask_secrets(argv, flags=None):
+    """``argv`` with secrets masked: ``module_utils.secrets.mask_argv`` (``flags`` is ignored)."""
+    return secrets.mask_argv(argv)
 
 
 def is_exited(state, num_threads=1):

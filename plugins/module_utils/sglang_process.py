@@ -25,31 +25,13 @@ import errno
 import hashlib
 import json
 import os
-import re
 import signal
 import tempfile
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secrets_mod
 
-MASK = procfs.MASK
-
-# A key is secret when its last name component is one of these (api_key,
-# admin_api_key, hf_token, ssl_keyfile_password), or when it mentions a
-# password or secret anywhere; speculative_num_draft_tokens, tokenizer_path and
-# speculative_token_map are not secrets.
-_SECRET_LAST = frozenset(("key", "apikey", "token", "secret", "password", "passwd", "passphrase", "credential", "credentials"))
-_SECRET_ANY = frozenset(("password", "passwd", "secret", "apikey"))
-# key = 'value' / "key": "value" / key="value" where key looks secret.
-_SECRET_ASSIGN_RE = re.compile(
-    r"""(?P<pre>(?P<q0>["']?)(?P<name>[A-Za-z0-9_.-]*(?:key|token|secret|password|passwd))(?P=q0)\s*[:=]\s*)"""
-    r"""(?P<q>["'])(?P<val>(?:(?!(?P=q)).)*)(?P=q)""",
-    re.IGNORECASE,
-)
-# --api-key VALUE / --api-key=VALUE and friends on a command line.
-_SECRET_FLAG_RE = re.compile(
-    r"(?P<flag>--[A-Za-z0-9-]*(?:api-key|token|secret|password))(?P<sep>[ =])(?P<val>\S+)",
-    re.IGNORECASE,
-)
+MASK = secrets_mod.MASK
 
 
 class SpawnError(Exception):
@@ -61,65 +43,23 @@ class SpawnError(Exception):
 # --------------------------------------------------------------------------
 
 def is_secret_name(name):
-    """True when a field or variable name denotes a secret (rule above)."""
-    parts = [p for p in re.split(r"[^a-z0-9]+", str(name).lower()) if p]
-    return bool(parts) and (parts[-1] in _SECRET_LAST or any(p in _SECRET_ANY for p in parts))
+    """True when a field or variable name denotes a secret (``module_utils.secrets``)."""
+    return secrets_mod.is_secret_name(name)
 
 
 def mask_text(text, secrets=()):
-    """Mask secret values in free text: the literal values in ``secrets``,
-    ``key='value'``/``"key": "value"`` assignments whose key looks secret (the
-    ``server_args=`` line SGLang logs), and ``--api-key VALUE`` on argv."""
-    if text is None:
-        return text
-    out = str(text)
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        out = out.replace(secret, MASK)
-
-    def _assign(match):
-        if not is_secret_name(match.group("name")) or match.group("val") in ("", MASK):
-            return match.group(0)
-        return "%s%s%s%s" % (match.group("pre"), match.group("q"), MASK, match.group("q"))
-
-    out = _SECRET_ASSIGN_RE.sub(_assign, out)
-
-    def _flag(match):
-        if match.group("val") == MASK:
-            return match.group(0)
-        return "%s%s%s" % (match.group("flag"), match.group("sep"), MASK)
-
-    return _SECRET_FLAG_RE.sub(_flag, out)
+    """Mask secrets in free text (``module_utils.secrets.mask_text``)."""
+    return secrets_mod.mask_text(text, secrets)
 
 
 def mask_argv(argv, secrets=()):
-    """Copy of ``argv`` with the values of secret flags (``--api-key``,
-    ``--admin-api-key`` and any ``--*-token``/``--*-secret``/``--*-password``;
-    ``procfs.mask_secrets``) and any secret literal masked."""
-    argv = [str(t) for t in argv]
-    flags = set(procfs.SECRET_FLAGS)
-    for token in argv:
-        flag = token.split("=", 1)[0]
-        if flag.startswith("--") and is_secret_name(flag[2:]):
-            flags.add(flag)
-    return [mask_text(token, secrets) for token in procfs.mask_secrets(argv, flags=tuple(sorted(flags)))]
+    """Copy of ``argv`` with secrets masked (``module_utils.secrets.mask_argv``)."""
+    return secrets_mod.mask_argv(argv, secrets)
 
 
 def redact(obj, secrets=()):
-    """Deep copy of ``obj`` with secret-named keys set to ``********`` (when
-    they hold a value) and secret literals masked inside every string."""
-    if isinstance(obj, dict):
-        res = {}
-        for key, value in obj.items():
-            if is_secret_name(key) and value not in (None, "", False):
-                res[key] = MASK
-            else:
-                res[key] = redact(value, secrets)
-        return res
-    if isinstance(obj, (list, tuple)):
-        return [redact(v, secrets) for v in obj]
-    if isinstance(obj, str):
-        return mask_text(obj, secrets)
-    return obj
+    """Deep copy of ``obj`` with secrets masked (``module_utils.secrets.redact``)."""
+    return secrets_mod.redact(obj, secrets)
 
 
 # --------------------------------------------------------------------------
