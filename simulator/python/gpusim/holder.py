@@ -71,10 +71,20 @@ def _detach_stdio(keep) -> None:
                 pass
 
 
+# Every signal a drain may send starts at its default action in the holder,
+# whatever the caller's dispositions were: a process started from a
+# non-interactive shell's background job (``cmd &``, as CI runners and
+# ``make test &`` do) inherits SIGINT and SIGQUIT *ignored* across fork and
+# exec, and a holder that silently ignored SIGQUIT made a drain test escalate
+# to SIGKILL after term_timeout (issue 12 section 9).
+RESET_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGPIPE, signal.SIGUSR1, signal.SIGUSR2,
+                 signal.SIGALRM, signal.SIGTERM)
+
+
 def _setup_signals(opts: dict) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    for sig in RESET_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     if opts.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     elif opts.get("exit_delay"):

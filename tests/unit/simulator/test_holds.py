@@ -266,3 +266,26 @@ def test_attach_to_existing_process_aggregates_rows(sim):
 def test_attach_refuses_dead_pid(sim):
     r = sim.gpusim("attach", "--pid", "4194303", "--gpus", "0", "--mib", "1")
     assert r.rc == 2 and "no live process" in r.err
+
+
+def _ignore_int_quit():
+    # What a non-interactive shell does to a background job (`cmd &`): SIGINT and
+    # SIGQUIT ignored, and ignored dispositions survive fork and exec.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
+def test_holder_starts_with_default_signal_actions_even_from_a_background_job(sim):
+    import subprocess
+    from gpusim_testlib import SIM_BIN
+
+    proc = subprocess.run([str(SIM_BIN / "gpusim"), "hold", "--gpus", "3", "--mib", "10", "--name", "bgjob"],
+                          env=sim.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30, check=False,
+                          preexec_fn=_ignore_int_quit)
+    assert proc.returncode == 0, proc.stderr
+    pid = int(proc.stdout.strip())
+    sim.track_hold(pid)
+    ignored = int(_status_of(pid)["SigIgn"], 16)
+    assert not ignored & (1 << (signal.SIGQUIT - 1)) and not ignored & (1 << (signal.SIGINT - 1))
+    os.kill(pid, signal.SIGQUIT)                       # the default action ends it
+    wait_for(lambda: not _alive(pid), timeout=10, what="the SIGQUIT holder to exit")
