@@ -6,8 +6,8 @@
 
 Documentation lives in the sidecar files ``sglang_resolve.yml`` and
 ``sglang_argv.yml``. All SGLang logic is in
-``plugins/module_utils/sglang_args.py``; these wrappers only validate input
-and turn malformed input into AnsibleFilterError.
+``plugins/module_utils/sglang/`` (``resolve`` and ``render``); these wrappers
+only validate input and turn malformed input into AnsibleFilterError.
 """
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_args import (
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.render import to_argv
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.resolve import (
     DEFAULT_POLICY,
-    DEFAULT_VERSION,
     POLICIES,
-    parse_version,
     resolve,
-    to_argv,
+)
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.versions import (
+    DEFAULT_VERSION,
+    parse_version,
 )
 
 

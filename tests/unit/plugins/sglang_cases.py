@@ -5,7 +5,7 @@ tests, and later a cross-check against the fake SGLang server (an independent
 implementation of the same rules). Import it as ``from sglang_cases import
 CASES`` after putting ``tests/unit/plugins`` on ``sys.path``. Nothing here
 imports the collection: every expectation was written from
-``shared/docs/sglang.md`` (the section is in ``doc``).
+``docs/reference/sglang-rules.md`` (the section is in ``doc``).
 
 Schema of one case (a dict):
 
@@ -26,7 +26,7 @@ Schema of one case (a dict):
               ``log`` of some adjustment (a subset check).
 ``errors``    substrings; each must occur in one of the returned errors. An
               empty list means the resolution has no errors.
-``doc``       the sglang.md section the case comes from.
+``doc``       the sglang-rules.md section the case comes from.
 
 Policies other than ``mirror`` describe what the collection renders; a
 server started with the resulting ``args`` must behave like the ``mirror``
@@ -71,7 +71,7 @@ CASES = [
         "rules": ["spec.draft_revision_main", "spec.max_running_requests", "eagle.topk1_draft_tokens"],
         "logs": [LOG_TOPK1, LOG_MAX_RUNNING],
         "errors": [],
-        "doc": "sglang.md §1.3 step 13",
+        "doc": "sglang-rules.md §3 step 13",
     },
     {
         "id": "incident-honor-0.5.23",
@@ -81,7 +81,7 @@ CASES = [
         "rules": ["spec.draft_revision_main", "spec.max_running_requests", "policy.honor_draft_tokens"],
         "logs": [LOG_MAX_RUNNING],
         "errors": [],
-        "doc": "sglang.md §1.3 step 13",
+        "doc": "sglang-rules.md §3 step 13",
     },
     {
         "id": "incident-strict-0.5.23",
@@ -90,7 +90,7 @@ CASES = [
         "expect": {"speculative_num_steps": 1, "speculative_num_draft_tokens": 2},
         "logs": [LOG_TOPK1],
         "errors": ["speculative_num_draft_tokens", "intended 16", "run 2", "speculative_num_steps: 15"],
-        "doc": "sglang.md §1.3 step 13",
+        "doc": "sglang-rules.md §3 step 13",
     },
     {
         "id": "honor-steps-unset-0.5.23",
@@ -101,7 +101,7 @@ CASES = [
         "expect": {"speculative_num_steps": 15, "speculative_num_draft_tokens": 16, "speculative_eagle_topk": 1},
         "rules": ["spec.max_running_requests", "policy.honor_draft_tokens"],
         "errors": [],
-        "doc": "sglang.md §1.3 step 9",
+        "doc": "sglang-rules.md §3 step 9",
     },
     {
         "id": "bare-assert-mirror-0.5.23",
@@ -110,7 +110,7 @@ CASES = [
                  "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 16},
         "expect": {"speculative_num_steps": None},
         "errors": ["speculative_num_steps", "AssertionError"],
-        "doc": "sglang.md §1.3 step 9",
+        "doc": "sglang-rules.md §3 step 9",
     },
     {
         "id": "bare-assert-draft-only-0.5.23",
@@ -119,7 +119,7 @@ CASES = [
                  "speculative_num_draft_tokens": 8},
         "expect": {},
         "errors": ["AssertionError", "speculative_num_draft_tokens"],
-        "doc": "sglang.md §1.3 step 9",
+        "doc": "sglang-rules.md §3 step 9",
     },
     {
         "id": "typeerror-steps-without-topk-0.5.23",
@@ -128,7 +128,7 @@ CASES = [
                  "speculative_num_steps": 3},
         "expect": {},
         "errors": ["speculative_eagle_topk", "TypeError"],
-        "doc": "sglang.md §1.3 pitfall",
+        "doc": "sglang-rules.md §3 pitfall",
     },
     {
         "id": "auto-llama-0.5.23",
@@ -139,7 +139,7 @@ CASES = [
                    "max_running_requests": 48, "disable_overlap_schedule": None},
         "rules": ["spec.max_running_requests", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.6",
+        "doc": "sglang-rules.md §6",
     },
     {
         "id": "auto-qwen-0.5.23",
@@ -149,7 +149,7 @@ CASES = [
         "expect": {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
         "rules": ["spec.max_running_requests", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.6",
+        "doc": "sglang-rules.md §6",
     },
     {
         "id": "auto-standalone-llama-0.5.23",
@@ -159,7 +159,7 @@ CASES = [
         "expect": {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
         "rules": ["spec.max_running_requests", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.6",
+        "doc": "sglang-rules.md §6",
     },
     {
         "id": "auto-needs-arch-0.5.23",
@@ -167,7 +167,7 @@ CASES = [
         "args": {"model_path": "/m", "speculative_algorithm": "EAGLE", "speculative_draft_model_path": "/d"},
         "expect": {},
         "errors": ["arch", "architectures[0]"],
-        "doc": "sglang.md §1.6",
+        "doc": "sglang-rules.md §6",
     },
     {
         "id": "lowercase-algorithm-0.5.23",
@@ -178,7 +178,7 @@ CASES = [
         "expect": {"speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4},
         "rules": ["algorithm.uppercase", "spec.max_running_requests"],
         "errors": [],
-        "doc": "sglang.md §1.2",
+        "doc": "sglang-rules.md §2",
     },
     {
         "id": "nextn-deepseek-mtp-0.5.23",
@@ -189,7 +189,7 @@ CASES = [
                    "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
         "rules": ["algorithm.nextn_alias", "spec.max_running_requests", "eagle.mtp_draft_path", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.3 step 7",
+        "doc": "sglang-rules.md §3 step 7",
     },
     {
         "id": "mtp-explicit-draft-warning-0.5.23",
@@ -201,7 +201,7 @@ CASES = [
         "rules": ["spec.max_running_requests"],
         "logs": [LOG_MTP],
         "errors": [],
-        "doc": "sglang.md §1.3 step 7b",
+        "doc": "sglang-rules.md §3 step 7b",
     },
     {
         "id": "unknown-algorithm-0.5.23",
@@ -209,7 +209,7 @@ CASES = [
         "args": {"model_path": "/m", "speculative_algorithm": "MEDUSA"},
         "expect": {},
         "errors": ["Unknown speculative algorithm name"],
-        "doc": "sglang.md §1.2",
+        "doc": "sglang-rules.md §2",
     },
     {
         "id": "gemma4-frozen-kv-mtp-0.5.23",
@@ -225,7 +225,7 @@ CASES = [
             "Mixed chunked prefill is disabled because of using Frozen-KV MTP speculative decoding.",
         ],
         "errors": [],
-        "doc": "sglang.md §1.2",
+        "doc": "sglang-rules.md §2",
     },
     {
         "id": "gemma4-eagle3-error-0.5.23",
@@ -234,7 +234,7 @@ CASES = [
         "args": {"model_path": "/m", "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/d"},
         "expect": {},
         "errors": ["Gemma4AssistantForCausalLM draft requires --speculative-algorithm NEXTN or EAGLE"],
-        "doc": "sglang.md §1.2",
+        "doc": "sglang-rules.md §2",
     },
     {
         "id": "max-running-explicit-0.5.23",
@@ -245,7 +245,7 @@ CASES = [
         "expect": {"max_running_requests": 32, "speculative_num_draft_tokens": 8},
         "rules": [],
         "errors": [],
-        "doc": "sglang.md §1.3 step 3",
+        "doc": "sglang-rules.md §3 step 3",
     },
     {
         "id": "cpu-overlap-off-0.5.23",
@@ -258,7 +258,7 @@ CASES = [
         "logs": ["Overlap schedule is not implemented for speculative decoding on CPU.",
                  "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone speculative decoding."],
         "errors": [],
-        "doc": "sglang.md §1.3 step 4",
+        "doc": "sglang-rules.md §3 step 4",
     },
     {
         "id": "mixed-chunk-kept-eagle-0.5.23",
@@ -269,7 +269,7 @@ CASES = [
         "expect": {"enable_mixed_chunk": True, "disable_overlap_schedule": None},
         "rules": [],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "mixed-chunk-standalone-0.5.23",
@@ -281,7 +281,7 @@ CASES = [
         "rules": ["spec.max_running_requests", "spec.mixed_chunk_off"],
         "logs": ["Mixed chunked prefill is disabled: STANDALONE speculative decoding does not support it."],
         "errors": [],
-        "doc": "sglang.md §1.3 step 6",
+        "doc": "sglang-rules.md §3 step 6",
     },
     {
         "id": "standalone-dp-attention-0.5.23",
@@ -290,7 +290,7 @@ CASES = [
                  "enable_dp_attention": True, "dp_size": 2, "tp_size": 2},
         "expect": {},
         "errors": ["Currently standalone speculative decoding does not support dp attention."],
-        "doc": "sglang.md §1.3 step 2",
+        "doc": "sglang-rules.md §3 step 2",
     },
     {
         "id": "ngram-defaults-0.5.23",
@@ -302,7 +302,7 @@ CASES = [
                   "ngram.draft_tokens_default", "ngram.steps_default"],
         "logs": [LOG_NGRAM_DRAFT12, LOG_NGRAM_MIXED, LOG_MAX_RUNNING],
         "errors": [],
-        "doc": "sglang.md §1.4",
+        "doc": "sglang-rules.md §4",
     },
     {
         "id": "ngram-topk-dropped-0.5.23",
@@ -313,7 +313,7 @@ CASES = [
         "rules": ["spec.max_running_requests", "spec.mixed_chunk_off", "ngram.topk_bfs_breadth",
                   "ngram.steps_default"],
         "errors": [],
-        "doc": "sglang.md §1.4",
+        "doc": "sglang-rules.md §4",
     },
     {
         "id": "ngram-topk-strict-0.5.23",
@@ -322,7 +322,7 @@ CASES = [
                  "speculative_num_draft_tokens": 8},
         "expect": {"speculative_eagle_topk": 10, "speculative_num_steps": 0},
         "errors": ["speculative_eagle_topk", "intended 4", "speculative_ngram_max_bfs_breadth"],
-        "doc": "sglang.md §1.4",
+        "doc": "sglang-rules.md §4",
     },
     {
         "id": "ngram-dp-attention-0.5.23",
@@ -330,7 +330,7 @@ CASES = [
         "args": {"model_path": "/m", "speculative_algorithm": "NGRAM", "enable_dp_attention": True, "dp_size": 2},
         "expect": {},
         "errors": ["Currently ngram speculative decoding does not support dp attention."],
-        "doc": "sglang.md §1.4",
+        "doc": "sglang-rules.md §4",
     },
     {
         "id": "ngram-page-size-0.5.23",
@@ -338,7 +338,7 @@ CASES = [
         "args": {"model_path": "/m", "speculative_algorithm": "NGRAM", "page_size": 16, "attention_backend": "fa3"},
         "expect": {},
         "errors": ["speculative_eagle_topk(10) > 1 with page_size(16) > 1 is unstable"],
-        "doc": "sglang.md §1.4",
+        "doc": "sglang-rules.md §4",
     },
     {
         "id": "adaptive-defaults-0.5.23",
@@ -350,7 +350,7 @@ CASES = [
         "rules": ["adaptive.topk_default", "adaptive.steps_default", "adaptive.draft_tokens",
                   "spec.max_running_requests"],
         "errors": [],
-        "doc": "sglang.md §1.5",
+        "doc": "sglang-rules.md §5",
     },
     {
         "id": "adaptive-draft-tokens-overridden-0.5.23",
@@ -361,7 +361,7 @@ CASES = [
         "expect": {"speculative_num_steps": 5, "speculative_num_draft_tokens": 6, "speculative_eagle_topk": 1},
         "rules": ["adaptive.topk_default", "adaptive.draft_tokens", "spec.max_running_requests"],
         "errors": [],
-        "doc": "sglang.md §1.5",
+        "doc": "sglang-rules.md §5",
     },
     {
         "id": "adaptive-bad-steps-0.5.23",
@@ -370,7 +370,7 @@ CASES = [
                  "speculative_adaptive": True, "speculative_num_steps": 4},
         "expect": {},
         "errors": ["--speculative-num-steps=4 is not in the adaptive config candidate_steps [0, 1, 3, 5, 7]"],
-        "doc": "sglang.md §1.5",
+        "doc": "sglang-rules.md §5",
     },
     {
         "id": "adaptive-disabled-topk-0.5.23",
@@ -383,7 +383,7 @@ CASES = [
         "logs": ["speculative_adaptive disabled: speculative_eagle_topk=4 (only topk=1 is supported). "
                  "Falling back to static speculative params."],
         "errors": [],
-        "doc": "sglang.md §1.5",
+        "doc": "sglang-rules.md §5",
     },
     {
         "id": "adaptive-disabled-ngram-0.5.23",
@@ -393,7 +393,7 @@ CASES = [
         "rules": ["adaptive.disabled", "spec.max_running_requests", "spec.mixed_chunk_off",
                   "ngram.topk_bfs_breadth", "ngram.draft_tokens_default", "ngram.steps_default"],
         "errors": [],
-        "doc": "sglang.md §1.5",
+        "doc": "sglang-rules.md §5",
     },
     {
         "id": "page-size-topk-backend-0.5.23",
@@ -403,7 +403,7 @@ CASES = [
                  "speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
         "expect": {},
         "errors": ["speculative_eagle_topk > 1 with page_size > 1 is only supported on"],
-        "doc": "sglang.md §1.3 step 14",
+        "doc": "sglang-rules.md §3 step 14",
     },
     {
         "id": "page-size-topk-triton-ok-0.5.23",
@@ -414,7 +414,7 @@ CASES = [
         "expect": {"speculative_eagle_topk": 4},
         "rules": ["spec.max_running_requests"],
         "errors": [],
-        "doc": "sglang.md §1.3 step 14",
+        "doc": "sglang-rules.md §3 step 14",
     },
     {
         "id": "trtllm-mha-topk-0.5.23",
@@ -424,7 +424,7 @@ CASES = [
                  "speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
         "expect": {},
         "errors": ["trtllm_mha backend only supports topk = 1 for speculative decoding."],
-        "doc": "sglang.md §1.3 step 10",
+        "doc": "sglang-rules.md §3 step 10",
     },
     {
         "id": "dflash-forces-steps-topk-0.5.23",
@@ -436,7 +436,7 @@ CASES = [
         "rules": ["dflash.steps_topk_1", "dflash.block_size", "spec.max_running_requests"],
         "logs": ["DFLASH only supports speculative_num_steps == 1; overriding speculative_num_steps=3 to 1."],
         "errors": [],
-        "doc": "sglang.md §1.7",
+        "doc": "sglang-rules.md §7",
     },
     {
         "id": "dflash-needs-draft-0.5.23",
@@ -444,7 +444,7 @@ CASES = [
         "args": {"model_path": "/m", "speculative_algorithm": "DFLASH"},
         "expect": {},
         "errors": ["DFLASH speculative decoding requires setting --speculative-draft-model-path."],
-        "doc": "sglang.md §1.7",
+        "doc": "sglang-rules.md §7",
     },
     {
         "id": "dspark-gamma-0.5.23",
@@ -454,7 +454,7 @@ CASES = [
         "expect": {"speculative_num_steps": 1, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 8},
         "rules": ["dspark.steps_topk_1", "dspark.gamma_draft_tokens", "spec.max_running_requests"],
         "errors": [],
-        "doc": "sglang.md §1.7",
+        "doc": "sglang-rules.md §7",
     },
     {
         "id": "uno-linear-0.5.23",
@@ -464,7 +464,7 @@ CASES = [
         "expect": {"speculative_num_steps": 1, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
         "rules": ["uno.steps_topk_1", "spec.max_running_requests"],
         "errors": [],
-        "doc": "sglang.md §1.7",
+        "doc": "sglang-rules.md §7",
     },
     {
         "id": "aux-hidden-states-off-0.5.23",
@@ -473,7 +473,7 @@ CASES = [
         "expect": {"speculative_algorithm": "EAGLE3", "max_running_requests": None, "speculative_num_steps": None},
         "rules": [],
         "errors": [],
-        "doc": "sglang.md §1.1",
+        "doc": "sglang-rules.md §1",
     },
     {
         "id": "multi-layer-eagle-mimo-0.5.23",
@@ -484,7 +484,7 @@ CASES = [
                    "speculative_num_draft_tokens": 4},
         "rules": ["model.multi_layer_eagle", "spec.max_running_requests", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.8",
+        "doc": "sglang-rules.md §8",
     },
     {
         "id": "no-speculation-0.5.23",
@@ -494,7 +494,7 @@ CASES = [
                    "speculative_num_draft_tokens": 16},
         "rules": [],
         "errors": [],
-        "doc": "sglang.md §1.10",
+        "doc": "sglang-rules.md §10",
     },
     {
         "id": "adaptive-flag-too-new-0.5.10",
@@ -504,7 +504,7 @@ CASES = [
                  "speculative_num_draft_tokens": 4},
         "expect": {},
         "errors": ["speculative_adaptive", "0.5.23"],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     # ------------------------------------------------------------------ 0.5.10
     {
@@ -517,7 +517,7 @@ CASES = [
                   "eagle.topk1_draft_tokens"],
         "logs": [LOG_TOPK1, LOG_MAX_RUNNING],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "incident-honor-0.5.10",
@@ -527,7 +527,7 @@ CASES = [
         "rules": ["spec.draft_revision_main", "spec.max_running_requests", "spec.overlap_schedule_off",
                   "policy.honor_draft_tokens"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "spec-v2-overlap-on-0.5.10",
@@ -538,7 +538,7 @@ CASES = [
         "expect": {"disable_overlap_schedule": False},
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_spec_v2"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "auto-llama-0.5.10",
@@ -548,7 +548,7 @@ CASES = [
         "expect": {"speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "auto-qwen-0.5.10",
@@ -558,7 +558,7 @@ CASES = [
         "expect": {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "ngram-0.5.10",
@@ -570,7 +570,7 @@ CASES = [
                   "ngram.topk_bfs_breadth", "ngram.draft_tokens_default"],
         "logs": [LOG_NGRAM_DRAFT12, LOG_MAX_RUNNING],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "page-size-triton-0.5.10",
@@ -580,7 +580,7 @@ CASES = [
                  "speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
         "expect": {},
         "errors": ["page_size", "flashinfer"],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "mixed-chunk-off-eagle-0.5.10",
@@ -592,7 +592,7 @@ CASES = [
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "spec.mixed_chunk_off"],
         "logs": [LOG_MIXED_OLD],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "dflash-invalid-choice-0.5.10",
@@ -600,7 +600,7 @@ CASES = [
         "args": {"model_path": "/m", "speculative_algorithm": "DFLASH", "speculative_draft_model_path": "/d"},
         "expect": {},
         "errors": ["invalid choice"],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "mtp-glm-lite-0.5.10",
@@ -611,7 +611,7 @@ CASES = [
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.mtp_draft_path",
                   "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     # ------------------------------------------------------------------- 0.5.1
     {
@@ -623,7 +623,7 @@ CASES = [
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.topk1_draft_tokens"],
         "logs": [LOG_TOPK1, LOG_OVERLAP_OLD],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "auto-gptoss-0.5.1",
@@ -632,7 +632,7 @@ CASES = [
         "expect": {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "auto-qwen-0.5.1",
@@ -641,7 +641,7 @@ CASES = [
         "expect": {"speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "between-versions-0.5.5",
@@ -650,7 +650,7 @@ CASES = [
         "expect": {"speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "trtllm-mha-topk-0.5.1",
@@ -659,7 +659,7 @@ CASES = [
                  "attention_backend": "trtllm_mha"},
         "expect": {"speculative_eagle_topk": 4},
         "errors": ["trtllm_mha backend only supports topk = 1 for speculative decoding."],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "standalone-invalid-choice-0.5.1",
@@ -667,7 +667,7 @@ CASES = [
         "args": {"model_path": "/m", "speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "/d"},
         "expect": {},
         "errors": ["invalid choice", "0.5.10"],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "mtp-flashinfer-page-size-0.5.1",
@@ -676,7 +676,7 @@ CASES = [
                  "attention_backend": "flashinfer"},
         "expect": {"speculative_draft_model_path": "/m"},
         "errors": ["page_size"],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     # ------------------------------------------------------------------ 0.4.10
     {
@@ -688,7 +688,7 @@ CASES = [
         "rules": ["algorithm.nextn_alias", "spec.max_running_requests", "spec.overlap_schedule_off",
                   "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "auto-gptoss-0.4.10",
@@ -697,7 +697,7 @@ CASES = [
         "expect": {"speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "mixed-chunk-off-0.4.10",
@@ -709,7 +709,7 @@ CASES = [
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "spec.mixed_chunk_off"],
         "logs": [LOG_MIXED_OLD, LOG_OVERLAP_OLD],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "lowercase-invalid-choice-0.4.10",
@@ -717,7 +717,7 @@ CASES = [
         "args": {"model_path": "/m", "speculative_algorithm": "eagle", "speculative_draft_model_path": "/d"},
         "expect": {"speculative_algorithm": "eagle"},
         "errors": ["invalid choice", "EAGLE"],
-        "doc": "sglang.md §1.2",
+        "doc": "sglang-rules.md §2",
     },
     {
         "id": "incident-strict-0.4.10",
@@ -725,7 +725,7 @@ CASES = [
         "args": dict(INCIDENT, max_running_requests=32, disable_overlap_schedule=True),
         "expect": {"speculative_num_draft_tokens": 2},
         "errors": ["speculative_num_draft_tokens", "intended 16", "speculative_num_steps: 15"],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     # ------------------------------------------------------------------- 0.4.6
     {
@@ -736,7 +736,7 @@ CASES = [
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.topk1_draft_tokens"],
         "logs": [LOG_TOPK1, LOG_OVERLAP_OLD],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "incident-honor-0.4.6-post5",
@@ -745,7 +745,7 @@ CASES = [
         "expect": {"speculative_num_steps": 15, "speculative_num_draft_tokens": 16},
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "policy.honor_draft_tokens"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "auto-deepseek-v3-0.4.6",
@@ -756,7 +756,7 @@ CASES = [
         "rules": ["algorithm.nextn_alias", "spec.max_running_requests", "spec.overlap_schedule_off",
                   "eagle.mtp_draft_path", "eagle.auto_params"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "page-size-forces-topk1-0.4.6",
@@ -768,7 +768,7 @@ CASES = [
                   "eagle.page_size_topk1", "eagle.topk1_draft_tokens"],
         "logs": ["speculative_eagle_topk is adjusted to 1 when page_size > 1", LOG_TOPK1],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "page-size-honor-0.4.6",
@@ -780,7 +780,7 @@ CASES = [
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off", "eagle.page_size_topk1",
                   "policy.honor_draft_tokens"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "mixed-chunk-untouched-0.4.6",
@@ -791,7 +791,7 @@ CASES = [
         "expect": {"enable_mixed_chunk": True},
         "rules": ["spec.max_running_requests", "spec.overlap_schedule_off"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "too-old-0.4.5",
@@ -800,7 +800,7 @@ CASES = [
         "expect": {"speculative_num_draft_tokens": 16},
         "rules": [],
         "errors": ["older than 0.4.6"],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
     {
         "id": "newer-than-documented-0.6.0",
@@ -809,6 +809,6 @@ CASES = [
         "expect": {"speculative_num_draft_tokens": 2, "disable_overlap_schedule": None},
         "rules": ["spec.draft_revision_main", "spec.max_running_requests", "eagle.topk1_draft_tokens"],
         "errors": [],
-        "doc": "sglang.md §1.9",
+        "doc": "sglang-rules.md §9",
     },
 ]

@@ -1,6 +1,6 @@
 """Cross-check: the fake SGLang server's own resolution against the collection's.
 
-The collection's engine (``plugins/module_utils/sglang_args.py``, behind the
+The collection's engine (``plugins/module_utils/sglang/``, behind the
 ``sglang_resolve`` filter) and the fake server (``simulator/python/sglang``)
 implement sglang.md's rules separately; neither imports the other. For every
 case of the filter's table (``tests/unit/plugins/sglang_cases.py``) whose
@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins"))
 
 from sglang_cases import CASES  # noqa: E402 - after tests/unit/plugins is put on sys.path
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_args  # noqa: E402 - kept below the sys.path set-up
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render, resolve as engine  # noqa: E402 - kept below the sys.path set-up
 
 from sglang.srt import resolution  # noqa: E402 - the fake server's implementation, below the sys.path set-up
 from sglang.srt.server_args import prepare_server_args  # noqa: E402 - below the sys.path set-up
@@ -47,7 +47,7 @@ def _cases():
         version = ".".join(case["version"].split(".")[:3])
         if version not in SIM_VERSIONS or case.get("env") or case.get("draft_arch"):
             continue
-        mirror = sglang_args.resolve(case["args"], case["version"], arch=case.get("arch"), policy="mirror")
+        mirror = engine.resolve(case["args"], case["version"], arch=case.get("arch"), policy="mirror")
         if mirror["errors"]:
             continue
         out.append(pytest.param(case, version, mirror, id=case["id"]))
@@ -67,12 +67,12 @@ def test_fake_server_resolves_like_the_filter(tmp_path, case, version, mirror):
     args["model_path"] = str(_model_dir(tmp_path, case.get("arch")))
     if args.get("speculative_draft_model_path"):
         args["speculative_draft_model_path"] = str(_model_dir(tmp_path, "LlamaForCausalLMEagle3", "draft"))
-    argv = sglang_args.to_argv(args, case["version"])
+    argv = render.to_argv(args, case["version"])
     vt = version_tuple(version)
     sa = prepare_server_args(argv, version, vt, configure_logging=False)
     ctx = resolution.ResolveContext(vt, case.get("arch"))
     resolution.resolve(sa, ctx)
-    want = sglang_args.resolve(args, case["version"], arch=case.get("arch"), policy="mirror")["args"]
+    want = engine.resolve(args, case["version"], arch=case.get("arch"), policy="mirror")["args"]
     diffs = {}
     for field in COMPARED:
         if field not in want:

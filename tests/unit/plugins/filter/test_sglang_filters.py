@@ -11,7 +11,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.sglang.plugins.filter.sglang import FilterModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_args as sa
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as sa
 
 PLUGINS_TESTS = pathlib.Path(__file__).resolve().parents[1]
 if str(PLUGINS_TESTS) not in sys.path:

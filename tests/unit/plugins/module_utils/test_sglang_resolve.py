@@ -1,4 +1,4 @@
-"""Unit tests for plugins/module_utils/sglang_args.py (the SGLang resolution engine)."""
+"""Unit tests for the SGLang engine in plugins/module_utils/sglang/ (versions, flags, rules, resolve, render)."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +9,9 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_args as sa
+from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_args as facade
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import flags, render, rules, versions
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as engine
 
 PLUGINS_TESTS = pathlib.Path(__file__).resolve().parents[1]
 if str(PLUGINS_TESTS) not in sys.path:
@@ -17,19 +19,19 @@ if str(PLUGINS_TESTS) not in sys.path:
 
 from sglang_cases import CASES, INCIDENT, LOG_TOPK1  # noqa: E402 - after tests/unit/plugins is put on sys.path
 
-MODULE_FILE = pathlib.Path(sa.__file__)
+PACKAGE_DIR = pathlib.Path(engine.__file__).parent
 WHEEL_FLAGS = json.loads((PLUGINS_TESTS / "data" / "sglang_wheel_flags.json").read_text())["flags"]
 
 
 def run_case(case, policy=None):
-    return sa.resolve(
+    return engine.resolve(
         case["args"], case["version"], arch=case["arch"], policy=policy or case["policy"],
         draft_arch=case.get("draft_arch"), env=case.get("env"),
     )
 
 
 def changing(result):
-    return [a for a in result["adjustments"] if not sa._same(a["from"], a["to"])]
+    return [a for a in result["adjustments"] if not flags.same(a["from"], a["to"])]
 
 
 # ---------------------------------------------------------------------------
@@ -39,16 +41,16 @@ def test_case_table_shape():
     assert len(CASES) >= 40
     ids = [c["id"] for c in CASES]
     assert len(ids) == len(set(ids))
-    documented = {sa.rule_version(c["version"]) for c in CASES if c["version"] != "0.4.5"}
-    assert documented == set(sa.DOCUMENTED_VERSIONS)
+    documented = {versions.rule_version(c["version"]) for c in CASES if c["version"] != "0.4.5"}
+    assert documented == set(versions.DOCUMENTED_VERSIONS)
     for case in CASES:
         assert set(case) >= {"id", "version", "arch", "policy", "args", "expect", "errors", "doc"}, case["id"]
-        assert case["policy"] in sa.POLICIES
-        assert case["doc"].startswith("sglang.md §"), case["id"]
+        assert case["policy"] in engine.POLICIES
+        assert case["doc"].startswith("sglang-rules.md §"), case["id"]
         for rule in case.get("rules", []):
-            assert rule in sa.RULES, (case["id"], rule)
+            assert rule in rules.BY_ID, (case["id"], rule)
     incident = [c for c in CASES if c["args"] == INCIDENT and c["version"] == "0.5.23"]
-    assert {c["policy"] for c in incident} == set(sa.POLICIES)
+    assert {c["policy"] for c in incident} == set(engine.POLICIES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
@@ -56,7 +58,7 @@ def test_case(case):
     result = run_case(case)
     assert set(result) == {"args", "adjustments", "errors", "notes"}
     for field, value in case["expect"].items():
-        assert sa._same(result["args"].get(field), value), (field, result["args"].get(field), value)
+        assert flags.same(result["args"].get(field), value), (field, result["args"].get(field), value)
     if "rules" in case:
         assert sorted({a["rule"] for a in changing(result)}) == sorted(set(case["rules"]))
     logs = [a["log"] for a in result["adjustments"] if a["log"]]
@@ -70,8 +72,8 @@ def test_case(case):
         assert result["errors"] == []
     for adj in result["adjustments"]:
         assert set(adj) == {"arg", "from", "to", "rule", "doc", "log"}
-        assert adj["rule"] in sa.RULES
-        assert adj["doc"].startswith("sglang.md §")
+        assert adj["rule"] in rules.BY_ID
+        assert adj["doc"] == rules.doc_ref(adj["rule"])
         assert adj["log"] is None or isinstance(adj["log"], str) and adj["log"]
 
 
@@ -79,57 +81,57 @@ def test_case(case):
 def test_case_fixed_point(case):
     """Rendering the effective args makes the server run exactly them (mirror changes nothing)."""
     first = run_case(case)
-    second = sa.resolve(first["args"], case["version"], arch=case["arch"], policy="mirror",
+    second = engine.resolve(first["args"], case["version"], arch=case["arch"], policy="mirror",
                         draft_arch=case.get("draft_arch"), env=case.get("env"))
     assert changing(second) == []
     assert second["args"] == first["args"]
     if not first["errors"]:
         assert second["errors"] == []
         # and rendering them works for the target version
-        argv = sa.to_argv(first["args"], case["version"])
+        argv = render.to_argv(first["args"], case["version"])
         assert argv[:2] == ["--model-path", first["args"]["model_path"]]
 
 
 def test_incident_three_policies():
-    mirror = sa.resolve(INCIDENT, "0.5.23", arch="LlamaForCausalLM", policy="mirror")
+    mirror = engine.resolve(INCIDENT, "0.5.23", arch="LlamaForCausalLM", policy="mirror")
     adj = [a for a in mirror["adjustments"] if a["arg"] == "speculative_num_draft_tokens"]
     assert adj == [{
         "arg": "speculative_num_draft_tokens", "from": 16, "to": 2, "rule": "eagle.topk1_draft_tokens",
-        "doc": "sglang.md §1.3 step 13", "log": LOG_TOPK1,
+        "doc": rules.doc_ref("eagle.topk1_draft_tokens"), "log": LOG_TOPK1,
     }]
-    honor = sa.resolve(INCIDENT, "0.5.23", arch="LlamaForCausalLM")
+    honor = engine.resolve(INCIDENT, "0.5.23", arch="LlamaForCausalLM")
     assert honor["args"]["speculative_num_steps"] == 15
     assert honor["args"]["speculative_num_draft_tokens"] == 16
     policy_adj = [a for a in honor["adjustments"] if a["rule"] == "policy.honor_draft_tokens"]
     assert policy_adj == [{"arg": "speculative_num_steps", "from": 1, "to": 15, "rule": "policy.honor_draft_tokens",
-                           "doc": "sglang.md §1.3 step 13", "log": None}]
+                           "doc": rules.doc_ref("policy.honor_draft_tokens"), "log": None}]
     assert not [a for a in honor["adjustments"] if a["rule"] == "eagle.topk1_draft_tokens"]
-    strict = sa.resolve(INCIDENT, "0.5.23", arch="LlamaForCausalLM", policy="strict")
+    strict = engine.resolve(INCIDENT, "0.5.23", arch="LlamaForCausalLM", policy="strict")
     assert len(strict["errors"]) == 1
     assert strict["errors"][0].startswith("speculative_num_draft_tokens: intended 16, but SGLang 0.5.23 would run 2")
     assert "Fix: set speculative_num_steps: 15" in strict["errors"][0]
 
 
 def test_honor_default_policy_and_silent_reset_0_4_6():
-    result = sa.resolve(INCIDENT, "0.4.6", arch="LlamaForCausalLM", policy="mirror")
+    result = engine.resolve(INCIDENT, "0.4.6", arch="LlamaForCausalLM", policy="mirror")
     reset = [a for a in result["adjustments"] if a["rule"] == "spec.max_running_requests"]
-    assert reset and reset[0]["log"] is None and reset[0]["doc"] == "sglang.md §1.9"
+    assert reset and reset[0]["log"] is None and reset[0]["doc"] == rules.doc_ref("spec.max_running_requests")
 
 
 def test_honor_not_applied_for_small_draft_or_topk_gt_1():
     args = dict(INCIDENT, speculative_num_draft_tokens=1)
-    result = sa.resolve(args, "0.5.23")
+    result = engine.resolve(args, "0.5.23")
     assert result["args"]["speculative_num_steps"] == 1
     assert result["args"]["speculative_num_draft_tokens"] == 2
     args = dict(INCIDENT, speculative_eagle_topk=4, speculative_num_steps=5, speculative_num_draft_tokens=8)
-    result = sa.resolve(args, "0.5.23")
+    result = engine.resolve(args, "0.5.23")
     assert result["args"]["speculative_num_steps"] == 5
     assert {a["rule"] for a in changing(result)} == {"spec.draft_revision_main", "spec.max_running_requests"}
 
 
 def test_strict_reports_every_explicit_change():
     args = dict(INCIDENT, disable_overlap_schedule=False, enable_mixed_chunk=True)
-    result = sa.resolve(args, "0.5.1", arch="LlamaForCausalLM", policy="strict")
+    result = engine.resolve(args, "0.5.1", arch="LlamaForCausalLM", policy="strict")
     fields = sorted(e.split(":")[0] for e in result["errors"])
     assert fields == ["disable_overlap_schedule", "enable_mixed_chunk", "speculative_num_draft_tokens"]
     for error in result["errors"]:
@@ -139,7 +141,7 @@ def test_strict_reports_every_explicit_change():
 def test_strict_accepts_normalised_algorithm_names():
     args = dict(INCIDENT, speculative_algorithm="nextn", speculative_num_steps=15,
                 speculative_draft_model_revision="main", max_running_requests=8)
-    result = sa.resolve(args, "0.5.23", policy="strict")
+    result = engine.resolve(args, "0.5.23", policy="strict")
     assert result["errors"] == []
     assert result["args"]["speculative_algorithm"] == "EAGLE"
 
@@ -147,7 +149,7 @@ def test_strict_accepts_normalised_algorithm_names():
 def test_strict_gemma4_promotion_is_an_error():
     args = {"model_path": "/m", "speculative_algorithm": "NEXTN", "speculative_draft_model_path": "/d",
             "speculative_draft_model_revision": "main"}
-    result = sa.resolve(args, "0.5.23", policy="strict", draft_arch="Gemma4UnifiedAssistantForCausalLM")
+    result = engine.resolve(args, "0.5.23", policy="strict", draft_arch="Gemma4UnifiedAssistantForCausalLM")
     assert result["args"]["speculative_algorithm"] == "FROZEN_KV_MTP"
     assert any("FROZEN_KV_MTP" in e and e.startswith("speculative_algorithm") for e in result["errors"])
     promo = [a for a in result["adjustments"] if a["rule"] == "algorithm.gemma4_frozen_kv_mtp"][0]
@@ -158,7 +160,7 @@ def test_strict_gemma4_promotion_is_an_error():
 def test_gemma4_draft_arch_without_draft_path_is_ignored():
     args = {"model_path": "/m", "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
             "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
-    result = sa.resolve(args, "0.5.23", draft_arch="Gemma4AssistantForCausalLM")
+    result = engine.resolve(args, "0.5.23", draft_arch="Gemma4AssistantForCausalLM")
     assert result["args"]["speculative_algorithm"] == "EAGLE"
     assert any("draft_arch" in n for n in result["notes"])
 
@@ -173,27 +175,27 @@ def test_gemma4_draft_arch_without_draft_path_is_ignored():
     ("v0.5.23", "0.5.23"), ("0.5.23.dev3", "0.5.10"), ("0.6.0", "0.5.23"), ("1.2.3+cu128", "0.5.23"),
 ])
 def test_rule_version(version, documented):
-    assert sa.rule_version(version) == documented
+    assert versions.rule_version(version) == documented
 
 
 @pytest.mark.parametrize("version", [0.5, 1, None, "0.5", "latest", "0.5.x", "", True])
 def test_unparseable_versions(version):
     with pytest.raises(ValueError) as err:
-        sa.parse_version(version)
+        versions.parse_version(version)
     assert repr(version) in str(err.value)
     with pytest.raises(ValueError):
-        sa.resolve({}, version)
+        engine.resolve({}, version)
 
 
 def test_version_notes():
-    assert sa.resolve(INCIDENT, "0.5.23")["notes"] == []
-    assert sa.resolve(INCIDENT, "0.4.6.post5", arch="LlamaForCausalLM")["notes"] == []
-    assert "nearest documented" in sa.resolve(INCIDENT, "0.5.5")["notes"][0]
-    assert "newer than 0.5.23" in sa.resolve(INCIDENT, "0.7.1")["notes"][0]
-    too_old = sa.resolve(INCIDENT, "0.3.9")
+    assert engine.resolve(INCIDENT, "0.5.23")["notes"] == []
+    assert engine.resolve(INCIDENT, "0.4.6.post5", arch="LlamaForCausalLM")["notes"] == []
+    assert "nearest documented" in engine.resolve(INCIDENT, "0.5.5")["notes"][0]
+    assert "newer than 0.5.23" in engine.resolve(INCIDENT, "0.7.1")["notes"][0]
+    too_old = engine.resolve(INCIDENT, "0.3.9")
     assert too_old["args"] == INCIDENT and "older than 0.4.6" in too_old["errors"][0]
     with pytest.raises(ValueError, match="older than 0.4.6"):
-        sa.to_argv(INCIDENT, "0.4.5")
+        render.to_argv(INCIDENT, "0.4.5")
 
 
 # ---------------------------------------------------------------------------
@@ -209,12 +211,12 @@ def test_version_notes():
 ])
 def test_resolve_malformed(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        sa.resolve(**kwargs)
+        engine.resolve(**kwargs)
 
 
 def test_unknown_key_and_gated_flag_are_errors_but_resolution_continues():
     args = dict(INCIDENT, speculative_num_draft_token=16, admin_api_key="x")
-    result = sa.resolve(args, "0.5.1", arch="LlamaForCausalLM", policy="mirror")
+    result = engine.resolve(args, "0.5.1", arch="LlamaForCausalLM", policy="mirror")
     assert any("unknown SGLang argument 'speculative_num_draft_token'" in e and "'speculative_num_draft_tokens'" in e
                for e in result["errors"])
     assert any("admin_api_key" in e and "0.5.10" in e for e in result["errors"])
@@ -222,7 +224,7 @@ def test_unknown_key_and_gated_flag_are_errors_but_resolution_continues():
 
 
 def test_type_errors_stop_resolution():
-    result = sa.resolve(dict(INCIDENT, speculative_num_steps="two"), "0.5.23")
+    result = engine.resolve(dict(INCIDENT, speculative_num_steps="two"), "0.5.23")
     assert result["adjustments"] == []
     assert "invalid int value: 'two'" in result["errors"][0]
 
@@ -233,9 +235,9 @@ def test_type_errors_stop_resolution():
     ("revision", 123, "123"), ("lora_paths", ("a", "b"), ["a", "b"]), ("json_model_override_args", '{"a": 1}', '{"a": 1}'),
 ])
 def test_coercion(field, value, coerced):
-    result = sa.resolve({"model_path": "/m", field: value}, "0.5.23")
+    result = engine.resolve({"model_path": "/m", field: value}, "0.5.23")
     assert result["errors"] == []
-    assert sa._same(result["args"][field], coerced)
+    assert flags.same(result["args"][field], coerced)
 
 
 @pytest.mark.parametrize("field, value, fragment", [
@@ -245,20 +247,20 @@ def test_coercion(field, value, coerced):
     ("revision", ["main"], "takes one string value"), ("mem_fraction_static", [1], "invalid float value"),
 ])
 def test_bad_types(field, value, fragment):
-    result = sa.resolve({"model_path": "/m", field: value}, "0.5.23")
+    result = engine.resolve({"model_path": "/m", field: value}, "0.5.23")
     assert field in result["errors"][0] and fragment in result["errors"][0]
 
 
 def test_no_speculation_changes_nothing():
     args = {"model_path": "/m", "speculative_algorithm": "", "max_running_requests": None, "config": "/etc/x.yaml"}
-    result = sa.resolve(args, "0.5.23", policy="strict")
+    result = engine.resolve(args, "0.5.23", policy="strict")
     assert result["args"] == args and result["adjustments"] == [] and result["errors"] == []
     assert "--config" in result["notes"][0]
 
 
 def test_input_is_not_mutated():
     args = dict(INCIDENT)
-    sa.resolve(args, "0.5.23")
+    engine.resolve(args, "0.5.23")
     assert args == INCIDENT
 
 
@@ -276,7 +278,7 @@ STATIC = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_
 
 
 def errors_of(args, version="0.5.23", **kwargs):
-    return "\n".join(sa.resolve(args, version, **kwargs)["errors"])
+    return "\n".join(engine.resolve(args, version, **kwargs)["errors"])
 
 
 def test_aux_hidden_states_variants():
@@ -285,7 +287,7 @@ def test_aux_hidden_states_variants():
     assert "pp_size" in errors_of({"speculative_algorithm": "EAGLE3", "enable_return_aux_hidden_states": True, "pp_size": 2})
     assert "return_aux_hidden_state_layer_ids" in errors_of(
         {"speculative_algorithm": "DFLASH", "enable_return_aux_hidden_states": True})
-    ok = sa.resolve({"speculative_algorithm": "dflash", "enable_return_aux_hidden_states": True,
+    ok = engine.resolve({"speculative_algorithm": "dflash", "enable_return_aux_hidden_states": True,
                      "return_aux_hidden_state_layer_ids": [1, 2]}, "0.5.23")
     assert ok["errors"] == [] and ok["args"]["speculative_algorithm"] == "DFLASH"
     assert "to name the capture convention" in errors_of({"model_path": "/m", "enable_return_aux_hidden_states": True})
@@ -315,17 +317,17 @@ def test_spec_v2_0_5_10():
                     "0.5.10", env=env)
     assert "Spec v2 currently only supports topk = 1" in msg
     # Step3p5 with EAGLE: multi-layer EAGLE turns spec v2 on by itself
-    result = sa.resolve(spec_args(**STATIC), "0.5.10", arch="Step3p5ForCausalLM")
+    result = engine.resolve(spec_args(**STATIC), "0.5.10", arch="Step3p5ForCausalLM")
     assert result["args"]["enable_multi_layer_eagle"] is True
     assert result["args"]["disable_overlap_schedule"] is False
     # raw lower-case nextn would not trigger it, the rendered EAGLE does: noted
-    result = sa.resolve(spec_args(speculative_algorithm="NEXTN", **STATIC), "0.5.10", arch="Step3p5ForCausalLM")
+    result = engine.resolve(spec_args(speculative_algorithm="NEXTN", **STATIC), "0.5.10", arch="Step3p5ForCausalLM")
     assert result["args"]["enable_multi_layer_eagle"] is True
     assert any("multi-layer" in n for n in result["notes"])
 
 
 def test_multi_layer_eagle_disables_adaptive_and_pp():
-    result = sa.resolve(spec_args(speculative_adaptive=True), "0.5.23", arch="GigaChat35ForCausalLM")
+    result = engine.resolve(spec_args(speculative_adaptive=True), "0.5.23", arch="GigaChat35ForCausalLM")
     assert result["args"]["speculative_adaptive"] is False
     disabled = [a for a in result["adjustments"] if a["rule"] == "adaptive.disabled"]
     assert "enable_multi_layer_eagle=True is not supported" in disabled[0]["log"]
@@ -342,7 +344,7 @@ def test_multi_layer_eagle_disables_adaptive_and_pp():
     ({"enable_pdmux": True}, "enable_pdmux=True"),
 ])
 def test_adaptive_disabled_reasons(extra, reason):
-    result = sa.resolve(spec_args(speculative_adaptive=True, **STATIC, **extra), "0.5.23", arch="LlamaForCausalLM")
+    result = engine.resolve(spec_args(speculative_adaptive=True, **STATIC, **extra), "0.5.23", arch="LlamaForCausalLM")
     adj = [a for a in result["adjustments"] if a["rule"] == "adaptive.disabled"]
     assert adj and reason in adj[0]["log"] and adj[0]["log"].endswith("Falling back to static speculative params.")
 
@@ -350,14 +352,14 @@ def test_adaptive_disabled_reasons(extra, reason):
 def test_enable_dp_attention_without_dp_size_is_not_attention_dp_in_0_5_23():
     args = {"model_path": "/m", "speculative_algorithm": "NGRAM", "enable_dp_attention": True}
     assert errors_of(args, "0.5.23") == ""
-    assert any("does not turn attention-DP on" in n for n in sa.resolve(args, "0.5.23")["notes"])
+    assert any("does not turn attention-DP on" in n for n in engine.resolve(args, "0.5.23")["notes"])
     assert "does not support dp attention" in errors_of(args, "0.5.10")
 
 
 def test_adaptive_config_file(tmp_path):
     config = tmp_path / "adaptive.json"
     config.write_text(json.dumps({"1": {"candidate_steps": [2, 4, 6]}, "meta": {}}))
-    result = sa.resolve(spec_args(speculative_adaptive=True, speculative_adaptive_config=str(config)), "0.5.23",
+    result = engine.resolve(spec_args(speculative_adaptive=True, speculative_adaptive_config=str(config)), "0.5.23",
                         arch="LlamaForCausalLM")
     assert (result["args"]["speculative_num_steps"], result["args"]["speculative_num_draft_tokens"]) == (4, 5)
     msg = errors_of(spec_args(speculative_adaptive=True, speculative_adaptive_config=str(config), speculative_num_steps=3))
@@ -365,7 +367,7 @@ def test_adaptive_config_file(tmp_path):
     config.write_text(json.dumps({"1": {"candidate_steps": "all"}}))
     missing = spec_args(speculative_adaptive=True, speculative_adaptive_config=str(config))
     assert "set speculative_num_steps explicitly" in errors_of(missing)
-    result = sa.resolve(dict(missing, speculative_num_steps=9), "0.5.23")
+    result = engine.resolve(dict(missing, speculative_num_steps=9), "0.5.23")
     assert result["errors"] == [] and result["args"]["speculative_num_draft_tokens"] == 10
     assert result["args"]["speculative_eagle_topk"] == 1
     assert any("cannot be read" in n for n in result["notes"])
@@ -383,33 +385,33 @@ def test_page_size_unset_backend_and_0_4_6_topk():
                     speculative_num_draft_tokens=8)
     del old["speculative_draft_model_revision"]
     assert errors_of(old, "0.5.1") == ""
-    forced = sa.resolve(old, "0.4.6", policy="strict")
+    forced = engine.resolve(old, "0.4.6", policy="strict")
     assert forced["args"]["speculative_eagle_topk"] == 1
     assert "set page_size: 1 to keep speculative_eagle_topk 4" in "\n".join(forced["errors"])
 
 
 def test_topk_gt_1_without_draft_tokens_is_noted():
-    result = sa.resolve(spec_args(speculative_num_steps=5, speculative_eagle_topk=4), "0.5.23")
+    result = engine.resolve(spec_args(speculative_num_steps=5, speculative_eagle_topk=4), "0.5.23")
     assert result["errors"] == [] and any("unset with speculative_eagle_topk 4" in n for n in result["notes"])
 
 
 def test_mtp_draft_path_variants():
-    result = sa.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.5.23",
+    result = engine.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.5.23",
                         arch="DeepseekV3ForCausalLM")
     assert result["args"]["speculative_draft_model_path"] == "/m"
     assert result["args"]["speculative_draft_model_revision"] == "main"
     assert any("revision 'main'" in n for n in result["notes"])
     # no model_path: not modelled
-    result = sa.resolve({"speculative_algorithm": "EAGLE", **STATIC}, "0.5.23", arch="DeepseekV3ForCausalLM")
+    result = engine.resolve({"speculative_algorithm": "EAGLE", **STATIC}, "0.5.23", arch="DeepseekV3ForCausalLM")
     assert "speculative_draft_model_path" not in result["args"]
     # Pixtral: explicit draft path, no warning
-    result = sa.resolve(spec_args(**STATIC), "0.5.23", arch="PixtralForConditionalGeneration")
+    result = engine.resolve(spec_args(**STATIC), "0.5.23", arch="PixtralForConditionalGeneration")
     assert not [a for a in result["adjustments"] if a["rule"] == "eagle.mtp_draft_path_warning"]
     # 0.4.6 knows only DeepseekV3; 0.5.10 does not know DeepseekV4
-    result = sa.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.4.6",
+    result = engine.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.4.6",
                         arch="Glm4MoeForCausalLM")
     assert "speculative_draft_model_path" not in result["args"]
-    result = sa.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.5.10",
+    result = engine.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.5.10",
                         arch="DeepseekV4ForCausalLM")
     assert "speculative_draft_model_path" not in result["args"]
 
@@ -422,10 +424,10 @@ def test_iquest():
     assert "--speculative-eagle-topk 1" in errors_of(spec_args(speculative_num_steps=2, speculative_eagle_topk=2), arch=arch)
     assert "steps + 1" in errors_of(spec_args(speculative_num_steps=2, speculative_num_draft_tokens=8), arch=arch,
                                     policy="mirror")
-    ok = sa.resolve(spec_args(speculative_num_steps=2), "0.5.23", arch=arch)
+    ok = engine.resolve(spec_args(speculative_num_steps=2), "0.5.23", arch=arch)
     assert ok["errors"] == []
     assert (ok["args"]["speculative_eagle_topk"], ok["args"]["speculative_num_draft_tokens"]) == (1, 3)
-    honor = sa.resolve(spec_args(speculative_num_steps=1, speculative_eagle_topk=1, speculative_num_draft_tokens=8),
+    honor = engine.resolve(spec_args(speculative_num_steps=1, speculative_eagle_topk=1, speculative_num_draft_tokens=8),
                        "0.5.23", arch=arch)
     assert honor["errors"] == [] and honor["args"]["speculative_num_steps"] == 7
 
@@ -437,7 +439,7 @@ def test_dflash_rules():
     assert "pp_size == 1" in errors_of(dict(base, pp_size=2))
     assert "to be positive" in errors_of(dict(base, speculative_dflash_block_size=0))
     assert "must match" in errors_of(dict(base, speculative_dflash_block_size=8, speculative_num_draft_tokens=16))
-    result = sa.resolve(dict(base, speculative_eagle_topk=2), "0.5.23")
+    result = engine.resolve(dict(base, speculative_eagle_topk=2), "0.5.23")
     assert result["args"]["speculative_eagle_topk"] == 1 and result["args"]["speculative_num_steps"] == 1
     assert "DFLASH only supports speculative_eagle_topk == 1; overriding speculative_eagle_topk=2 to 1." in [
         a["log"] for a in result["adjustments"]]
@@ -453,7 +455,7 @@ def test_dspark_rules():
     assert "must be positive" in errors_of(dict(base, speculative_dspark_block_size=0))
     assert "gamma + 1" in errors_of(dict(base, speculative_dspark_block_size=3, speculative_num_draft_tokens=8))
     assert ">= 2" in errors_of(dict(base, speculative_num_draft_tokens=1))
-    result = sa.resolve(dict(base, speculative_num_steps=4, speculative_num_draft_tokens=5), "0.5.23")
+    result = engine.resolve(dict(base, speculative_num_steps=4, speculative_num_draft_tokens=5), "0.5.23")
     assert result["errors"] == [] and result["args"]["speculative_num_steps"] == 1
     assert any("dspark/ subfolder" in n for n in result["notes"]) and any("gamma" in n for n in result["notes"])
 
@@ -468,13 +470,13 @@ def test_uno_rules():
     assert "at least 1" in errors_of(dict(base, speculative_eagle_topk=0))
     assert "tree mode" in errors_of(dict(base, speculative_eagle_topk=2))
     assert "Q=4" in errors_of(dict(base, speculative_eagle_topk=2, speculative_num_steps=5))
-    tree = sa.resolve(dict(base, speculative_eagle_topk=2, speculative_num_steps=3), "0.5.23")
+    tree = engine.resolve(dict(base, speculative_eagle_topk=2, speculative_num_steps=3), "0.5.23")
     assert tree["errors"] == [] and any("tree-capacity" in n for n in tree["notes"])
     assert "TP=PP=1" in errors_of(dict(base, tp_size=2))
     assert "DP attention" in errors_of(dict(base, attn_dp_size=2))
     assert "Multi-LoRA" in errors_of(dict(base, enable_lora=True))
     assert "FA3 for both" in errors_of(dict(base, decode_attention_backend="triton"))
-    result = sa.resolve(dict(base, attention_backend=None, enable_mixed_chunk=True, speculative_eagle_topk=1), "0.5.23")
+    result = engine.resolve(dict(base, attention_backend=None, enable_mixed_chunk=True, speculative_eagle_topk=1), "0.5.23")
     assert result["args"]["enable_mixed_chunk"] is False
     assert "Mixed chunked prefill is disabled for UNO speculative decoding." in [a["log"] for a in result["adjustments"]]
     assert any("fa3" in n for n in result["notes"])
@@ -483,11 +485,11 @@ def test_uno_rules():
 def test_ngram_rules():
     assert "CUDA device" in errors_of({"speculative_algorithm": "NGRAM", "device": "cpu"}, "0.5.10")
     assert "CUDA, CPU, or XPU" in errors_of({"speculative_algorithm": "NGRAM", "device": "npu"})
-    cpu = sa.resolve({"speculative_algorithm": "NGRAM", "device": "cpu"}, "0.5.23")
+    cpu = engine.resolve({"speculative_algorithm": "NGRAM", "device": "cpu"}, "0.5.23")
     assert cpu["args"]["disable_overlap_schedule"] is True
     assert "must be at least 1" in errors_of({"speculative_algorithm": "NGRAM", "speculative_ngram_max_bfs_breadth": 0})
     assert errors_of({"speculative_algorithm": "NGRAM", "page_size": 16, "attention_backend": "flashinfer"}) == ""
-    one = sa.resolve({"speculative_algorithm": "NGRAM", "page_size": 16, "speculative_ngram_max_bfs_breadth": 1},
+    one = engine.resolve({"speculative_algorithm": "NGRAM", "page_size": 16, "speculative_ngram_max_bfs_breadth": 1},
                      "0.5.23")
     assert one["errors"] == [] and one["args"]["speculative_num_steps"] == 12
 
@@ -503,7 +505,7 @@ def test_feature_constraints_0_5_23():
 
 
 def test_cpu_eagle_already_disabled_overlap_only_informs():
-    result = sa.resolve(spec_args(device="cpu", disable_overlap_schedule=True, **STATIC), "0.5.23")
+    result = engine.resolve(spec_args(device="cpu", disable_overlap_schedule=True, **STATIC), "0.5.23")
     info = [a for a in result["adjustments"] if a["arg"] == "disable_overlap_schedule"]
     assert [a["rule"] for a in info] == ["spec.sync_spec_v2"]
     assert info[0]["from"] is True and info[0]["to"] is True
@@ -512,7 +514,7 @@ def test_cpu_eagle_already_disabled_overlap_only_informs():
 # ---------------------------------------------------------------------------
 # FLAGS
 # ---------------------------------------------------------------------------
-SGLANG_MD_SECTION_5 = [
+REFERENCE_FLAGS = [
     "model_path", "tp_size", "port", "host", "speculative_algorithm", "speculative_draft_model_path",
     "speculative_draft_model_revision", "speculative_num_steps", "speculative_eagle_topk",
     "speculative_num_draft_tokens", "speculative_ngram_max_bfs_breadth", "speculative_adaptive",
@@ -526,47 +528,47 @@ SGLANG_MD_SECTION_5 = [
 ]
 
 
-def test_flags_cover_sglang_md_section_5():
-    missing = [f for f in SGLANG_MD_SECTION_5 if f not in sa.FLAGS]
+def test_flags_cover_the_reference_flags():
+    missing = [f for f in REFERENCE_FLAGS if f not in flags.FLAGS]
     assert missing == []
 
 
 def test_flags_shape():
-    for field, spec in sa.FLAGS.items():
+    for field, spec in flags.FLAGS.items():
         assert spec["flag"] == "--" + field.replace("_", "-")
         assert spec["type"] in ("int", "float", "str", "bool", "list", "json")
         assert spec["kind"] in ("store_true", "value", "nargs", "json")
         assert all(a.startswith("--") for a in spec["aliases"])
         for key in ("min_version", "max_version"):
-            assert spec[key] is None or spec[key] in sa.DOCUMENTED_VERSIONS
+            assert spec[key] is None or spec[key] in versions.DOCUMENTED_VERSIONS
         if spec["replaced_by"]:
-            assert spec["replaced_by"] in sa.FLAGS
-    assert sa.FLAGS["tp_size"]["flag"] == "--tp-size"
-    assert "--tp" not in [s["flag"] for s in sa.FLAGS.values()] + sum((s["aliases"] for s in sa.FLAGS.values()), [])
-    assert sa.FLAGS["config"]["min_version"] == "0.5.10"
-    assert sa.FLAGS["speculative_adaptive"]["min_version"] == "0.5.23"
-    assert sa.SECRET_ARGS == ("admin_api_key", "api_key")
+            assert spec["replaced_by"] in flags.FLAGS
+    assert flags.FLAGS["tp_size"]["flag"] == "--tp-size"
+    assert "--tp" not in [s["flag"] for s in flags.FLAGS.values()] + sum((s["aliases"] for s in flags.FLAGS.values()), [])
+    assert flags.FLAGS["config"]["min_version"] == "0.5.10"
+    assert flags.FLAGS["speculative_adaptive"]["min_version"] == "0.5.23"
+    assert flags.SECRET_ARGS == ("admin_api_key", "api_key")
 
 
-@pytest.mark.parametrize("version", sa.DOCUMENTED_VERSIONS)
+@pytest.mark.parametrize("version", versions.DOCUMENTED_VERSIONS)
 def test_flags_match_the_wheels(version):
     """FLAGS availability agrees with the flags each released wheel declares."""
     declared = set(WHEEL_FLAGS[version])
     wrong = []
-    for field, spec in sa.FLAGS.items():
-        if sa.flag_available(field, version) != (spec["flag"] in declared):
+    for field, spec in flags.FLAGS.items():
+        if flags.flag_available(field, version) != (spec["flag"] in declared):
             wrong.append(field)
-        if sa.flag_available(field, version):
+        if flags.flag_available(field, version):
             wrong.extend(alias for alias in spec["aliases"] if alias not in declared and version != "0.4.6"
                          and alias not in ("--speculative-draft-model",))
     assert wrong == []
 
 
 def test_suggestions():
-    assert sa.suggest_field("tp") == "tp_size"
-    assert sa.suggest_field("--tensor-parallel-size") == "tp_size"
-    assert sa.suggest_field("speculative-num-steps") == "speculative_num_steps"
-    assert sa.suggest_field("zzzz") is None
+    assert flags.suggest_field("tp") == "tp_size"
+    assert flags.suggest_field("--tensor-parallel-size") == "tp_size"
+    assert flags.suggest_field("speculative-num-steps") == "speculative_num_steps"
+    assert flags.suggest_field("zzzz") is None
 
 
 # ---------------------------------------------------------------------------
@@ -576,7 +578,7 @@ def test_to_argv_spellings_and_order():
     args = {"tp_size": 8, "model_path": "/m", "host": "0.0.0.0", "port": 30000, "enable_metrics": True,
             "trust_remote_code": False, "revision": None, "mem_fraction_static": 0.85,
             "speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 16, "dist_init_addr": "10.0.0.1:5000"}
-    assert sa.to_argv(args) == [
+    assert render.to_argv(args) == [
         "--model-path", "/m", "--tp-size", "8", "--host", "0.0.0.0", "--port", "30000", "--enable-metrics",
         "--mem-fraction-static", "0.85", "--speculative-algorithm", "EAGLE", "--speculative-num-draft-tokens", "16",
         "--dist-init-addr", "10.0.0.1:5000",
@@ -584,22 +586,22 @@ def test_to_argv_spellings_and_order():
 
 
 def test_to_argv_lists_json_and_dash_values():
-    argv = sa.to_argv({"lora_paths": ["a=/x", {"lora_name": "b", "lora_path": "/y"}], "return_aux_hidden_state_layer_ids": [],
+    argv = render.to_argv({"lora_paths": ["a=/x", {"lora_name": "b", "lora_path": "/y"}], "return_aux_hidden_state_layer_ids": [],
                        "json_model_override_args": {"rope_scaling": {"factor": 2}}, "api_key": "-secret",
                        "config": "/etc/sglang.yaml"}, "0.5.23")
     assert argv == ["--lora-paths", "a=/x", '{"lora_name":"b","lora_path":"/y"}',
                     "--json-model-override-args", '{"rope_scaling":{"factor":2}}', "--api-key=-secret",
                     "--config", "/etc/sglang.yaml"]
     with pytest.raises(ValueError, match="two tokens"):
-        sa.to_argv({"config": "-x.yaml"})
+        render.to_argv({"config": "-x.yaml"})
 
 
 def test_to_argv_secrets_omit():
     args = {"model_path": "/m", "api_key": "k1", "admin_api_key": "k2", "tp_size": 2}
-    assert sa.to_argv(args, "0.5.10", secrets="omit") == ["--model-path", "/m", "--tp-size", "2"]
-    assert "k2" in sa.to_argv(args, "0.5.10")
+    assert render.to_argv(args, "0.5.10", secrets="omit") == ["--model-path", "/m", "--tp-size", "2"]
+    assert "k2" in render.to_argv(args, "0.5.10")
     with pytest.raises(ValueError, match="secrets must be"):
-        sa.to_argv(args, secrets="mask")
+        render.to_argv(args, secrets="mask")
 
 
 @pytest.mark.parametrize("args, version, fragment", [
@@ -616,20 +618,20 @@ def test_to_argv_secrets_omit():
 ])
 def test_to_argv_errors(args, version, fragment):
     with pytest.raises(ValueError) as err:
-        sa.to_argv(args, version)
+        render.to_argv(args, version)
     assert fragment in str(err.value)
 
 
 def test_to_argv_false_and_gated_false_are_omitted():
-    assert sa.to_argv({"speculative_adaptive": False, "cuda_graph_max_bs": None}, "0.5.10") == []
-    assert sa.to_argv({"cuda_graph_max_bs": 8}, "0.5.10") == ["--cuda-graph-max-bs", "8"]
+    assert render.to_argv({"speculative_adaptive": False, "cuda_graph_max_bs": None}, "0.5.10") == []
+    assert render.to_argv({"cuda_graph_max_bs": 8}, "0.5.10") == ["--cuda-graph-max-bs", "8"]
 
 
 # ---------------------------------------------------------------------------
 # to_config_yaml
 # ---------------------------------------------------------------------------
 def sglang_config_to_argv(text):
-    """SGLang's config merger as described in sglang.md §5 (store_true true only, lists expand, dicts as JSON)."""
+    """SGLang's config merger as described in sglang-rules.md §12 (store_true true only, lists expand, dicts as JSON)."""
     argv = []
     for key, value in yaml.safe_load(text).items():
         if isinstance(value, bool):
@@ -650,7 +652,7 @@ def test_to_config_yaml_round_trip():
             "skip_server_warmup": False, "served_model_name": None, "mem_fraction_static": 0.8,
             "return_aux_hidden_state_layer_ids": [3, 7], "json_model_override_args": {"a": [1, "x"]},
             "watchdog_timeout": 600, "log_level": "yes", "revision": "0123", "host": ""}
-    text = sa.to_config_yaml(args, "0.5.23")
+    text = render.to_config_yaml(args, "0.5.23")
     loaded = yaml.safe_load(text)
     assert loaded["api-key"] == args["api_key"]
     assert loaded["tp-size"] == 4 and loaded["enable-metrics"] is True and loaded["mem-fraction-static"] == 0.8
@@ -658,15 +660,15 @@ def test_to_config_yaml_round_trip():
     assert json.loads(loaded["json-model-override-args"]) == {"a": [1, "x"]}
     assert loaded["log-level"] == "yes" and loaded["revision"] == "0123" and loaded["host"] == ""
     assert "skip-server-warmup" not in loaded and "served-model-name" not in loaded
-    assert sglang_config_to_argv(text) == sa.to_argv(dict(args), "0.5.23")
+    assert sglang_config_to_argv(text) == render.to_argv(dict(args), "0.5.23")
     assert 'json-model-override-args: "{\\"a\\":[1,\\"x\\"]}"' in text.splitlines()
 
 
 def test_to_config_yaml_json_text_and_empty():
-    assert sa.to_config_yaml({"json_model_override_args": '{"b": 2}', "lora_paths": None}) == \
+    assert render.to_config_yaml({"json_model_override_args": '{"b": 2}', "lora_paths": None}) == \
         'json-model-override-args: "{\\"b\\": 2}"\n'
-    assert yaml.safe_load(sa.to_config_yaml({})) == {}
-    assert sa.to_config_yaml({"return_aux_hidden_state_layer_ids": []}) == "{}\n"
+    assert yaml.safe_load(render.to_config_yaml({})) == {}
+    assert render.to_config_yaml({"return_aux_hidden_state_layer_ids": []}) == "{}\n"
 
 
 @pytest.mark.parametrize("args, version, fragment", [
@@ -678,13 +680,13 @@ def test_to_config_yaml_json_text_and_empty():
 ])
 def test_to_config_yaml_errors(args, version, fragment):
     with pytest.raises(ValueError) as err:
-        sa.to_config_yaml(args, version)
+        render.to_config_yaml(args, version)
     assert fragment in str(err.value)
 
 
 def test_yaml_quote_is_loadable_for_awkward_strings():
     for text in ["", "null", "true", "- x", "a: b", "'", '"', "\\", "\x7f\x85", "\ufeffbom", "\U0001F600", "\ud800"]:
-        assert yaml.safe_load("k: " + sa.yaml_quote(text))["k"] == text
+        assert yaml.safe_load("k: " + render.yaml_quote(text))["k"] == text
 
 
 # ---------------------------------------------------------------------------
@@ -693,8 +695,8 @@ def test_yaml_quote_is_loadable_for_awkward_strings():
 def test_explain_incident_exact():
     expected = ("speculative_num_draft_tokens: intended 16, running 2 — SGLang sets it to num_steps + 1 when "
                 "speculative_eagle_topk == 1; set speculative_num_steps: 15")
-    assert sa.explain("speculative_num_draft_tokens", 16, 2, "0.5.23") == expected
-    assert sa.explain("speculative_num_draft_tokens", 16, 2, "0.5.23", args=INCIDENT) == expected
+    assert engine.explain("speculative_num_draft_tokens", 16, 2, "0.5.23") == expected
+    assert engine.explain("speculative_num_draft_tokens", 16, 2, "0.5.23", args=INCIDENT) == expected
 
 
 @pytest.mark.parametrize("arg, intended, running, version, args, fragment", [
@@ -732,38 +734,38 @@ def test_explain_incident_exact():
     ("speculative_eagle_topk", 4, 2, "0.5.23", None, "no known SGLang"),
 ])
 def test_explain_variants(arg, intended, running, version, args, fragment):
-    line = sa.explain(arg, intended, running, version, args=args)
+    line = engine.explain(arg, intended, running, version, args=args)
     assert line.startswith("%s: intended" % arg) and "\n" not in line
     assert fragment in line
 
 
 def test_explain_masks_secrets():
-    line = sa.explain("api_key", "s3cret", "other", "0.5.23")
+    line = engine.explain("api_key", "s3cret", "other", "0.5.23")
     assert "s3cret" not in line and "other" not in line and "intended ********, running ********" in line
 
 
 def test_explain_covers_every_rule():
-    for rule in sa.RULES:
-        assert sa._explain_rule(rule, "speculative_num_steps", 3, 1, {"speculative_num_steps": 3})
+    for rule in rules.BY_ID:
+        assert rules.rule_text(rule, "speculative_num_steps", 3, 1)
 
 
 def test_override_log_patterns():
-    for pattern in sa.OVERRIDE_LOG_PATTERNS:
-        assert pattern["arg"] in sa.FLAGS and pattern["rule"] in sa.RULES
-        assert set(pattern["versions"]) <= set(sa.DOCUMENTED_VERSIONS) and pattern["text"]
-        assert pattern["doc"].startswith("sglang.md §")
-    texts = [p["text"] for p in sa.OVERRIDE_LOG_PATTERNS]
+    for pattern in rules.log_patterns():
+        assert pattern["arg"] in flags.FLAGS and pattern["rule"] in rules.BY_ID
+        assert set(pattern["versions"]) <= set(versions.DOCUMENTED_VERSIONS) and pattern["text"]
+        assert pattern["doc"] == rules.doc_ref(pattern["rule"])
+    texts = [p["text"] for p in rules.log_patterns()]
     assert LOG_TOPK1 in texts
     log = ("[2025-01-01] WARNING server_args.py:3075: " + LOG_TOPK1 + "\n"
            "INFO unrelated\n"
            "WARNING Overlap scheduler is disabled because of using eagle speculative decoding.\n")
-    found = sa.scan_override_log(log, "0.5.1")
+    found = rules.scan_override_log(log, "0.5.1")
     assert [(f["arg"], f["rule"]) for f in found] == [
         ("speculative_num_draft_tokens", "eagle.topk1_draft_tokens"),
         ("disable_overlap_schedule", "spec.overlap_schedule_off")]
     assert found[0]["line"].endswith(LOG_TOPK1)
-    assert [f["arg"] for f in sa.scan_override_log(log, "0.5.23")] == ["speculative_num_draft_tokens"]
-    assert len(sa.scan_override_log(log)) == 2
+    assert [f["arg"] for f in rules.scan_override_log(log, "0.5.23")] == ["speculative_num_draft_tokens"]
+    assert len(rules.scan_override_log(log)) == 2
 
 
 def test_every_logged_adjustment_has_a_log_pattern():
@@ -772,14 +774,21 @@ def test_every_logged_adjustment_has_a_log_pattern():
         result = run_case(case)
         for adj in changing(result):
             if adj["log"] and adj["rule"] not in ("model.multi_layer_eagle",):
-                assert sa.scan_override_log(adj["log"]), (case["id"], adj)
+                assert rules.scan_override_log(adj["log"]), (case["id"], adj)
 
 
 # ---------------------------------------------------------------------------
 # Module hygiene (runs on targets: stdlib only, no print/assert/sys.exit)
 # ---------------------------------------------------------------------------
-def test_module_hygiene():
-    tree = ast.parse(MODULE_FILE.read_text())
+MODULE_FILES = ["versions.py", "flags.py", "rules.py", "resolve.py", "render.py"]
+OWN_PACKAGE = "ansible_collections"
+
+
+@pytest.mark.parametrize("name", MODULE_FILES)
+def test_module_hygiene(name):
+    """Target-side code: stdlib (and the package itself) only, no print/assert/sys.exit, short lines."""
+    path = PACKAGE_DIR / name
+    tree = ast.parse(path.read_text())
     imports = set()
     for node in ast.walk(tree):
         assert not isinstance(node, ast.Assert)
@@ -791,7 +800,18 @@ def test_module_hygiene():
             imports.update(a.name.split(".")[0] for a in node.names)
         if isinstance(node, ast.ImportFrom):
             imports.add(node.module.split(".")[0])
-    assert imports <= {"__future__", "difflib", "json", "math", "re"}
-    assert "from __future__ import annotations" in MODULE_FILE.read_text()
-    for line in MODULE_FILE.read_text().splitlines():
+    assert imports <= {"__future__", "difflib", "json", "math", "re", OWN_PACKAGE}
+    assert "from __future__ import annotations" in path.read_text()
+    assert "shared/docs" not in path.read_text() and "sglang.md" not in path.read_text()
+    for line in path.read_text().splitlines():
         assert len(line) <= 160
+
+
+def test_facade_reexports_the_old_names():
+    for name in ("resolve", "to_argv", "to_config_yaml", "explain", "scan_override_log", "FLAGS", "SECRET_ARGS",
+                 "RULES", "OVERRIDE_LOG_PATTERNS", "flag_available", "rule_version", "parse_version", "yaml_quote",
+                 "DOCUMENTED_VERSIONS", "DEFAULT_VERSION", "DEFAULT_POLICY", "POLICIES", "suggest_field"):
+        assert hasattr(facade, name), name
+    assert facade.resolve is engine.resolve and facade.to_argv is render.to_argv
+    assert set(facade.RULES) == set(rules.BY_ID)
+    assert facade.RULES["eagle.topk1_draft_tokens"][0] == rules.doc_ref("eagle.topk1_draft_tokens")
