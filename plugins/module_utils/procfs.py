@@ -20,10 +20,10 @@ The main entry points:
   its ``/proc/<pid>/cgroup`` (cgroup v1 or v2).
 * :func:`device_fds` lists the descriptors of a process that point at GPU
   device nodes (``/dev/nvidia*`` by default; the pattern is a parameter).
-* :class:`ProcessHandle` pins a process by PID *and* start time (through a
-  pidfd where the kernel has them), so that a signal can never reach a
-  different process that reused the PID.
-* :class:`Deadline` is the monotonic deadline every waiting loop uses.
+* Signalling and waiting are the stop engine's (``stop.py``: pinned process
+  handles, ``wait_gone``) and the waiter's (``wait.py``: ``Deadline``);
+  ``procfs.ProcessHandle``, ``procfs.wait_gone`` and ``procfs.Deadline`` name
+  them for older callers.
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ import errno
 import fnmatch
 import os
 import re
-import select
 import signal
-import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
 
 PROC_ROOT = '/proc'
 
@@ -500,185 +499,34 @@ def device_gpu_index(path):
 
 
 # ---------------------------------------------------------------------------
-# Identity-safe signalling and waiting
+# Signalling and waiting live in stop.py and wait.py
 # ---------------------------------------------------------------------------
 
-class Deadline(object):
-    """A monotonic deadline: ``remaining()`` never goes below zero.
-
-    ``clock`` is injectable for tests; it defaults to :func:`time.monotonic`.
-    """
-
-    def __init__(self, seconds, clock=time.monotonic):
-        self.clock = clock
-        self.start = clock()
-        self.end = self.start + max(0.0, float(seconds))
-
-    def remaining(self):
-        return max(0.0, self.end - self.clock())
-
-    def expired(self):
-        return self.clock() >= self.end
-
-    def elapsed(self):
-        return self.clock() - self.start
-
-    def clamp(self, seconds):
-        """``seconds`` limited to the time left."""
-        return max(0.0, min(float(seconds), self.remaining()))
-
-    def shorten(self, seconds):
-        """Move the end earlier to ``now + seconds`` (never later)."""
-        self.end = min(self.end, self.clock() + max(0.0, float(seconds)))
+Deadline = wait.Deadline
 
 
-def _pidfd_supported():
-    return hasattr(os, 'pidfd_open') and hasattr(signal, 'pidfd_send_signal')
+def __getattr__(name):
+    """``procfs.ProcessHandle`` and ``procfs.wait_gone`` are the stop engine's (``stop.py``)."""
+    if name in ('ProcessHandle', 'wait_gone'):
+        from ansible_collections.gpufleet.sglang.plugins.module_utils import stop
+        return getattr(stop, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
-class ProcessHandle(object):
-    """A process pinned by PID and start time.
-
-    :meth:`open` checks the start time, opens a pidfd (Linux 5.3+, Python
-    3.9+) and checks the start time again, so the pidfd provably refers to
-    the process that was planned. Signals then go through the pidfd and
-    cannot reach a process that reused the PID. Without pidfds the start time
-    is re-checked right before each ``os.kill``.
-    """
-
-    def __init__(self, pid, starttime, proc_root=PROC_ROOT):
-        self.pid = int(pid)
-        self.starttime = int(starttime)
-        self.proc_root = proc_root
-        self.pidfd = None
-        self.signals = []
-        self.exited_at = None
-
-    @classmethod
-    def open(cls, pid, starttime, proc_root=PROC_ROOT):
-        """Return a handle, or None when ``pid`` no longer has ``starttime``."""
-        handle = cls(pid, starttime, proc_root)
-        if not handle.same_process():
-            return None
-        if _pidfd_supported() and proc_root == PROC_ROOT:
+def read_signal_masks(pid, proc_root=PROC_ROOT):
+    """``{'SigIgn': int, 'SigCgt': int, 'SigBlk': int, 'SigPnd': int}`` from ``/proc/<pid>/status``, or None."""
+    text = _read(os.path.join(proc_root, str(pid), 'status'))
+    if text is None:
+        return None
+    masks = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(':')
+        if sep and name in ('SigIgn', 'SigCgt', 'SigBlk', 'SigPnd'):
             try:
-                handle.pidfd = os.pidfd_open(handle.pid)
-            except OSError:
-                handle.pidfd = None
-            if not handle.same_process():
-                handle.close()
-                return None
-        return handle
-
-    def same_process(self):
-        stat = read_stat(self.pid, self.proc_root)
-        return stat is not None and stat['starttime'] == self.starttime
-
-    def stat(self):
-        """Current parsed stat, or None when the process is gone or replaced."""
-        stat = read_stat(self.pid, self.proc_root)
-        if stat is None or stat['starttime'] != self.starttime:
-            return None
-        return stat
-
-    def state(self):
-        """Current state letter, or None when the process is gone or replaced."""
-        stat = self.stat()
-        return None if stat is None else stat['state']
-
-    def gone(self):
-        """True when the process no longer runs: absent, replaced, or exited.
-
-        A zombie counts as exited once its last thread is gone (the pidfd
-        turns readable at exactly that moment).
-        """
-        if self.pidfd is not None:
-            try:
-                poller = select.poll()
-                poller.register(self.pidfd, select.POLLIN)
-                if poller.poll(0):
-                    return True
-            except (OSError, ValueError):
+                masks[name] = int(value.strip(), 16)
+            except ValueError:
                 pass
-        stat = self.stat()
-        return stat is None or is_exited(stat['state'], stat['num_threads'])
-
-    def send(self, sig):
-        """Send ``sig``; True when delivered, False when the process is gone (or a zombie).
-
-        Raises OSError for anything else (e.g. EPERM).
-        """
-        if self.gone():
-            return False
-        if self.pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self.pidfd, sig)
-            except OSError as exc:
-                if exc.errno == errno.ESRCH:
-                    return False
-                raise
-        else:
-            if not self.same_process():
-                return False
-            try:
-                os.kill(self.pid, sig)
-            except OSError as exc:
-                if exc.errno == errno.ESRCH:
-                    return False
-                raise
-        self.signals.append(signal_name(sig))
-        return True
-
-    def close(self):
-        if self.pidfd is not None:
-            try:
-                os.close(self.pidfd)
-            except OSError:
-                pass
-            self.pidfd = None
-
-
-def wait_gone(handles, deadline, interval=0.02, sleep=time.sleep, on_exit=None, on_poll=None):
-    """Wait until every handle is gone or ``deadline`` expires.
-
-    Polls every ``interval`` seconds (clamped to the time left), waking early
-    through the pidfds when the kernel has them. ``on_exit(handle)`` is
-    called once per handle when its exit is first seen; ``on_poll(pending)``
-    after each round (it may shorten ``deadline``). Returns the handles
-    still running.
-    """
-    pending = list(handles)
-    use_poll = True
-    while True:
-        still = []
-        for handle in pending:
-            if handle.gone():
-                if on_exit is not None:
-                    on_exit(handle)
-            else:
-                still.append(handle)
-        pending = still
-        if not pending:
-            return []
-        if on_poll is not None:
-            on_poll(pending)
-        wait = deadline.clamp(interval)
-        if wait <= 0:
-            return pending
-        fds = [h.pidfd for h in pending if h.pidfd is not None]
-        if use_poll and fds and len(fds) == len(pending):
-            try:
-                poller = select.poll()
-                for fd in fds:
-                    poller.register(fd, select.POLLIN)
-                if poller.poll(max(1, int(wait * 1000))):
-                    # Something exited; a readable fd of a handle that is not
-                    # gone() would spin, so fall back to sleeping after this.
-                    use_poll = any(h.gone() for h in pending)
-                continue
-            except (OSError, ValueError):
-                use_poll = False
-        sleep(wait)
+    return masks
 
 
 def signal_name(sig):

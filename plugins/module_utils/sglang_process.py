@@ -30,6 +30,7 @@ import tempfile
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
 from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secrets_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import stop
 
 MASK = secrets_mod.MASK
 
@@ -277,91 +278,65 @@ def tree(pid):
     return sorted(found.items(), key=lambda item: (item[0] != pid, item[0]))
 
 
-def _handles(members):
-    handles = []
-    for member_pid, member_start in members:
-        handle = procfs.ProcessHandle.open(member_pid, member_start)
-        if handle is not None:
-            handles.append(handle)
-    return handles
-
-
-def _send(handle, sig):
-    try:
-        return handle.send(sig)
-    except OSError:
-        return False
-
-
 def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, term_signal=signal.SIGTERM, orphan_grace=3.0):
-    """Stop the server ``pid`` and its whole tree, by PID.
+    """Stop the server ``pid`` and its whole tree, by PID, through the stop engine (``stop.py``).
 
-    1. snapshot the tree (``tree()``: descendants and session members) and pin
-       every member by PID and start time (``procfs.ProcessHandle``);
-    2. send ``term_signal`` (SIGTERM) to the main process only: SGLang drains
-       and tears its children down itself (sglang.md section 3.2);
-    3. wait up to ``timeout`` seconds for the main process to exit, then at
-       most ``orphan_grace`` more seconds for the rest (a child that outlives
-       the main process will not exit by itself);
-    4. SIGKILL each survivor, plus members that appeared meanwhile, and wait
-       up to ``kill_grace`` seconds.
+    The tree (``tree()``: descendants and session members) is pinned by PID
+    and start time; ``term_signal`` goes to the main process only (SGLang
+    drains and tears its children down itself, sglang.md section 3.2); the
+    rest get ``orphan_grace`` seconds once it is gone, at most ``timeout`` in
+    all; then SIGKILL for each survivor and the members that appeared
+    meanwhile, and up to ``kill_grace`` seconds more.
 
     Returns ``{"signalled", "killed", "exited", "still_running", "elapsed"}``;
     ``still_running`` is non-empty only when a process survived SIGKILL
     (D state, PID 1 in a container).
     """
-    deadline = procfs.Deadline(max(float(timeout), 0.0))
     pid = int(pid)
     if start is None:
         start = starttime(pid)
     members = tree(pid) if alive(pid, start) else []
-    handles = _handles(members)
-    main = [h for h in handles if h.pid == pid]
-    if not main:
-        for handle in handles:
-            handle.close()
+    if not members or members[0][0] != pid:
         if is_child:
             reap(pid)
         return {"signalled": [], "killed": [], "exited": [], "still_running": [], "elapsed": 0.0}
 
-    def _reap_main(handle):
-        if is_child and handle.pid == pid:
+    def before_kill(live):
+        return [stop.Target(p, s) for p, s in tree(pid)] if pid in live else []
+
+    def on_exit(gone_pid):
+        if is_child and gone_pid == pid:
             reap(pid)
 
-    signalled = [pid] if _send(main[0], term_signal) else []
-    left = procfs.wait_gone(main, deadline, on_exit=_reap_main)
-    others = [h for h in handles if h.pid != pid]
-    if not left:
-        deadline.shorten(orphan_grace)
-    left += procfs.wait_gone(others, deadline)
-    known = set(h.pid for h in left)
-    if alive(pid, start):
-        left += _handles(m for m in tree(pid) if m[0] not in known)
-    killed = [h.pid for h in left if _send(h, signal.SIGKILL)]
-    still = procfs.wait_gone(left, procfs.Deadline(kill_grace), on_exit=_reap_main) if left else []
+    res = stop.stop([stop.Target(p, s, first=(p == pid)) for p, s in members], first_signal=term_signal,
+                    term_timeout=max(float(timeout), 0.0), kill_timeout=kill_grace, grace=orphan_grace,
+                    before_kill=before_kill, on_exit=on_exit)
+    stop.close_all(res)
     if is_child:
         reap(pid)
-    for handle in handles + left:
-        handle.close()
-    still_pids = sorted(set(h.pid for h in still))
+    first = procfs.signal_name(term_signal)
+    signalled, killed = [], []
+    for report in res["reports"]:
+        later = list(report["signals"])
+        if report["pid"] == pid and later and later[0] == first:
+            signalled.append(pid)
+            later = later[1:]
+        if "SIGKILL" in later:
+            killed.append(report["pid"])
+    still = sorted(set(res["survivors"]))
     return {
         "signalled": signalled,
         "killed": sorted(set(killed)),
-        "exited": sorted(set(p for p, _s in members) - set(still_pids)),
-        "still_running": still_pids,
-        "elapsed": round(deadline.elapsed(), 3),
+        "exited": sorted(set(p for p, _s in members) - set(still)),
+        "still_running": still,
+        "elapsed": res["elapsed"],
     }
 
 
 def kill_leftovers(members, grace=5.0):
     """SIGKILL every ``(pid, start)`` still running (a crashed server's
     children that may still hold GPU memory); returns ``(killed, still_running)``."""
-    handles = _handles(members)
-    killed = [h.pid for h in handles if _send(h, signal.SIGKILL)]
-    still = procfs.wait_gone(handles, procfs.Deadline(grace)) if killed else []
-    for handle in handles:
-        handle.close()
-    return killed, [h.pid for h in still]
+    return stop.kill(members, grace=grace)
 
 
 # --------------------------------------------------------------------------

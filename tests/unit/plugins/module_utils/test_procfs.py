@@ -14,6 +14,7 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils import stop
 
 
 # ---------------------------------------------------------------------------
@@ -355,7 +356,7 @@ def test_live_children_and_handles(children):
 
 
 def test_handle_without_pidfd_rechecks_start_time(children, monkeypatch):
-    monkeypatch.setattr(procfs, "_pidfd_supported", lambda: False)
+    monkeypatch.setattr(stop, "_pidfd_supported", lambda: False)
     pid = _fork_child(_pause_forever)
     children.append(pid)
     time.sleep(0.05)
