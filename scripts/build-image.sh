@@ -6,7 +6,8 @@
 #
 # Two layers, so that a simulator change does not cost a debootstrap:
 #   localhost/gpufleet-base:<hash>  debootstrap --variant=minbase of Debian
-#       bookworm plus molecule/image/packages.txt, imported with podman import;
+#       bookworm (or --suite) plus molecule/image/packages.txt, imported with
+#       podman import;
 #       hash of the recipe (the build_base function below), the package
 #       list, suite and architecture.
 #   localhost/gpufleet-node:<hash>  FROM the base, with simulator/ in
@@ -16,6 +17,12 @@
 #       file under simulator/ (names, modes and contents; caches excluded).
 #
 # Options:
+#   --suite S   Debian suite of the image (default bookworm, or
+#               GPUFLEET_DEBIAN_SUITE). Another suite than bookworm gets its own
+#               image names, localhost/gpufleet-base-S and gpufleet-node-S, so
+#               that the node matrix (bullseye: Python 3.9, trixie: Python 3.13)
+#               keeps one image per suite and --prune never removes another
+#               suite's images.
 #   --print     print the node image name and exit (nothing is built)
 #   --force     rebuild both images even if they exist
 #   --prune     afterwards remove other gpufleet-node/-base tags that no
@@ -24,7 +31,11 @@
 # Environment:
 #   CONTAINERS_CONF         defaults to molecule/containers.conf (runc, ulimits)
 #   GPUFLEET_DEBIAN_MIRROR  mirror for debootstrap; default: the URIs: line of
-#                           /etc/apt/sources.list.d/*.sources for the suite
+#                           /etc/apt/sources.list.d/*.sources for the suite,
+#                           else (a suite the machine does not use itself, such
+#                           as bullseye on a bookworm machine) the URI of the
+#                           machine's main Debian archive stanza, checked for
+#                           dists/<suite>/Release before debootstrap runs
 #   GPUFLEET_DEBIAN_SUITE   default bookworm
 #   GPUFLEET_BUILD_DIR      where the root filesystem is assembled; needs a
 #                           filesystem without nodev/noexec (default /var/tmp)
@@ -35,8 +46,6 @@ REPO="$(cd "$(dirname "$SCRIPT_PATH")/.." && pwd)"
 IMAGE_DIR="$REPO/molecule/image"
 SIM_DIR="$REPO/simulator"
 SUITE="${GPUFLEET_DEBIAN_SUITE:-bookworm}"
-BASE_REPO="localhost/gpufleet-base"
-NODE_REPO="localhost/gpufleet-node"
 BUILD_DIR="${GPUFLEET_BUILD_DIR:-/var/tmp}"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$REPO/molecule/containers.conf}"
 
@@ -46,8 +55,12 @@ die() { printf 'build-image: ERROR: %s\n' "$*" >&2; exit 1; }
 mode=build
 force=0
 prune=0
+want_suite=0
 for arg in "$@"; do
+    if [[ $want_suite -eq 1 ]]; then SUITE="$arg"; want_suite=0; continue; fi
     case "$arg" in
+        --suite) want_suite=1 ;;
+        --suite=*) SUITE="${arg#--suite=}" ;;
         --print) mode=print ;;
         --force) force=1 ;;
         --prune) prune=1 ;;
@@ -55,6 +68,12 @@ for arg in "$@"; do
         *) die "unknown argument '$arg' (see --help)" ;;
     esac
 done
+[[ $want_suite -eq 0 ]] || die "--suite needs a suite name (e.g. bullseye)"
+[[ "$SUITE" =~ ^[a-z][a-z0-9-]*$ ]] || die "bad suite name '$SUITE' (a Debian code name such as bookworm)"
+# bookworm keeps the historical names; every other suite has its own repositories.
+if [[ "$SUITE" == bookworm ]]; then name_suffix=""; else name_suffix="-$SUITE"; fi
+BASE_REPO="localhost/gpufleet-base$name_suffix"
+NODE_REPO="localhost/gpufleet-node$name_suffix"
 
 # ---------------------------------------------------------------- inputs
 # Files of a tree, sorted, without Python caches and editor droppings.
@@ -109,7 +128,39 @@ find_mirror() {
                 if ($(i + 1) == suite) { print $i; exit } }' "$f")"
         if [[ -n "$uri" ]]; then printf '%s\n' "$uri"; return 0; fi
     done
+    # The suite is not one this machine installs from: the main archive of a
+    # deb822 stanza (one whose suites are plain code names, not -security,
+    # -updates or -backports) carries every current Debian release.
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -f "$f" ]] || continue
+        uri="$(awk '
+            function flush() { if (deb && plain && uri != "" && !done) { print uri; done = 1 }
+                               deb = 0; plain = 0; uri = "" }
+            /^[[:space:]]*$/ { flush(); next }
+            /^[[:space:]]*#/ { next }
+            tolower($1) == "types:"  { for (i = 2; i <= NF; i++) if ($i == "deb") deb = 1 }
+            tolower($1) == "uris:"   { uri = $2 }
+            tolower($1) == "suites:" { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+$/) plain = 1 }
+            END { flush() }' "$f")"
+        if [[ -n "$uri" ]]; then
+            say "suite $SUITE is not in the apt sources; trying the main archive stanza of $(basename "$f")"
+            printf '%s\n' "$uri"; return 0
+        fi
+    done
     return 1
+}
+
+# debootstrap's own error for a suite the mirror lacks is a bare "Failed
+# getting release file"; say which file, first.
+check_suite_on_mirror() {
+    local mirror="$1" url="${1%/}/dists/$SUITE/Release"
+    case "$mirror" in
+        http://*|https://*) ;;
+        *) return 0 ;;  # file:// and the like: debootstrap reports it
+    esac
+    if ! wget -q --spider --tries=1 --timeout=20 "$url" 2>/dev/null; then
+        die "the mirror has no suite '$SUITE' ($url is not reachable); set GPUFLEET_DEBIAN_MIRROR to a mirror that has it"
+    fi
 }
 
 build_base() {
@@ -119,6 +170,7 @@ build_base() {
     local mirror
     mirror="$(find_mirror)" \
         || die "no apt mirror for '$SUITE' in /etc/apt/sources.list.d/*.sources or sources.list; set GPUFLEET_DEBIAN_MIRROR"
+    check_suite_on_mirror "$mirror"
     ROOTFS="$(mktemp -d "$BUILD_DIR/gpufleet-rootfs.XXXXXX")"
     trap 'cleanup_rootfs' EXIT
     local include

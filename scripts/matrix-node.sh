@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One leg of the node matrix: the `default` molecule scenario (the incident
+# redeploy on two systemd container hosts: the modules, the node-side helpers
+# and the systemd path) against a node image of another Debian suite.
+#
+#   scripts/matrix-node.sh SUITE        e.g. bullseye (Python 3.9), trixie (3.13)
+#
+# Builds or reuses the suite's image (scripts/build-image.sh --suite SUITE:
+# localhost/gpufleet-node-SUITE:<hash>), prints what the node runs (Python,
+# systemd), checks that python3 is one the collection supports on nodes
+# (3.9 or later), then runs scripts/run-molecule.sh default with
+# GPUFLEET_NODE_IMAGE set to that image. The scenario, its inventory and its
+# verify are default's, unchanged: only the node's operating system differs.
+# Exit status: run-molecule.sh's (0 when the scenario passed).
+set -euo pipefail
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
+REPO=$PWD
+
+say() { printf 'matrix-node: %s\n' "$*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+
+[[ $# -eq 1 ]] || die "usage: scripts/matrix-node.sh SUITE (e.g. bullseye, trixie)"
+SUITE=$1
+export CONTAINERS_CONF="${CONTAINERS_CONF:-$REPO/molecule/containers.conf}"
+
+t0=$SECONDS
+image="$(scripts/build-image.sh --suite "$SUITE")" || die "the $SUITE image did not build"
+say "image $image ready in $((SECONDS - t0)) s"
+
+# What the node runs: one throw-away container, no network, no systemd boot.
+facts="$(podman run --rm --pull=never --network=none --entrypoint /usr/bin/python3 "$image" -c '
+import platform, subprocess, sys
+out = subprocess.run(["systemctl", "--version"], stdout=subprocess.PIPE, universal_newlines=True).stdout
+print("python=%s systemd=%s os=%s ok=%d" % (platform.python_version(), out.split()[1],
+      open("/etc/debian_version").read().strip(), sys.version_info[:2] >= (3, 9)))
+')" || die "could not start python3 in $image"
+say "node $SUITE: $facts"
+[[ $facts == *" ok=1" ]] || die "$image has a python3 older than 3.9, which the collection does not support on nodes"
+
+GPUFLEET_NODE_IMAGE="$image" exec scripts/run-molecule.sh default
