@@ -124,14 +124,20 @@ class ActionModule(ActionBase):
             path=dict(type="str", required=True),
             rows=dict(type="list", elements="dict", required=True),
             title=dict(type="str", default=""),
+            on_error=dict(type="str", default="fail", choices=["fail", "warn"]),
         ))
         bad = [i for i, r in enumerate(args["rows"]) if not r.get("host")]
         if bad:
             raise AnsibleActionFail("rows[%s] has no host; every row names the inventory host it reports" % ", ".join(map(str, bad)))
         try:
             json_path, md_path, merged = write_report(args["path"], args["title"], args["rows"])
-        except OSError as exc:
-            raise AnsibleActionFail("Cannot write the report under %s: %s; fix sglang_report_dir or its permissions"
-                                    % (os.path.dirname(os.path.expanduser(args["path"])) or ".", exc))
+        except (OSError, AnsibleActionFail) as exc:
+            msg = ("Cannot write the report under %s: %s; fix sglang_report_dir or its permissions"
+                   % (os.path.dirname(os.path.expanduser(args["path"])) or ".", getattr(exc, "message", exc)))
+            if args["on_error"] == "warn":
+                # The report is the record of what happened; it must never hide the outcome of the run itself.
+                return dict(changed=False, failed=False, report_error=msg, json_path=None, markdown_path=None, hosts=[],
+                            warnings=[msg])
+            raise AnsibleActionFail(msg)
         # The report is the controller's record of the run, not a change to a host.
         return dict(changed=False, json_path=json_path, markdown_path=md_path, hosts=[r.get("host") for r in merged])

@@ -8,51 +8,56 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: node_lock
-short_description: Take or release an exclusive per-node lock for a redeploy
+short_description: Take, release or break the per-node redeploy lease
 version_added: 0.1.0
 description:
-  - Serialises redeploys of one node so that two runs (two shells, two AWX jobs) cannot interleave
-    their teardown and launch steps.
-  - The lock is a directory created atomically with C(mkdir) under O(path). A C(holder.json) inside it
-    records the run id, the controller, the host and the time it was taken.
-  - A run that finds the lock held waits up to O(timeout) seconds, then fails with a message naming
-    the holder. A lock older than O(stale_after) seconds is considered abandoned (a controller that
-    was killed before its C(always) section ran) and is taken over; the takeover is reported.
-  - Releasing only removes a lock that this O(owner) holds, unless O(force=true).
-  - C(<path>.generation), next to the lock and kept across releases, counts how many times the lock
-    was taken. M(gpufleet.sglang.sglang_preflight) reads it, see its O(gpufleet.sglang.sglang_preflight#module:lock_path)
-    option. A run that planned at generation N with the lock free and then takes it at N+1 knows that
-    no other run held the lock in between, so its plan is still current.
+  - Serialises the changes of one node (two shells, two AWX jobs) with the same lease the redeploy takes
+    in M(gpufleet.sglang.sglang_preflight). The lease is a directory created atomically with C(mkdir) under
+    O(path); C(holder.json) inside it names the run (O(owner)), the controller, when it was taken and its
+    deadline (C(expires_at)), which the holder's modules renew while they work.
+  - A run that finds the lease held waits up to O(timeout) seconds for a live holder, then fails naming it.
+    It takes over at once a lease whose deadline passed with nothing working for it on the node, or whose
+    controller ran on this machine and is gone (the takeover is reported in RV(took_over)).
+  - Releasing only removes a lease that O(owner) holds, unless O(force=true). O(state=broken) removes a
+    lease whatever holds it, and returns the holder (the C(break_lease) playbook).
+  - C(<path>.generation), next to the lease and kept across releases, counts how many times it was taken.
 options:
   path:
     description:
-      - Lock directory. Its parent must exist or be creatable.
+      - Lease directory. Its parent is created when missing.
     type: path
     required: true
   state:
     description:
-      - V(acquired) takes the lock (waiting for it), V(released) gives it back.
+      - V(acquired) takes the lease (waiting for it), V(released) gives it back, V(broken) removes it whoever
+        holds it, V(inspected) only reports it.
     type: str
-    choices: [acquired, released]
+    choices: [acquired, released, broken, inspected]
     default: acquired
   owner:
     description:
-      - Identifier of this run, for example the playbook's run id. Only the same owner can release the lock.
+      - Identifier of this run, for example the playbook's run id. Only the same owner can release the lease.
     type: str
     required: true
   timeout:
     description:
-      - Seconds to wait for a held lock before failing. V(0) fails at once.
+      - Seconds to wait for a live holder before failing. V(0) fails at once.
     type: float
     default: 0
-  stale_after:
+  ttl:
     description:
-      - Age in seconds after which a held lock is taken over. V(0) disables takeover.
+      - Seconds the lease lives without renewal (at least 30).
     type: float
-    default: 7200
+    default: 300
+  controller:
+    description:
+      - The controller's identity as the C(gpufleet.sglang.controller_facts) action returns it, so that a later run
+        on the same machine can prove this run's controller dead.
+    type: dict
+    default: {}
   force:
     description:
-      - With O(state=released), remove the lock even when another owner holds it.
+      - With O(state=released), remove the lease even when another owner holds it.
     type: bool
     default: false
 author:
@@ -62,218 +67,109 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: In check mode the lock is inspected but neither taken nor released.
+    details: In check mode the lease is inspected but neither taken nor released.
   diff_mode:
     support: none
   platform:
     platforms: posix
 notes:
-  - The lock is advisory. Every playbook of this collection that changes a node takes it.
+  - The lease is advisory. Every playbook of this collection that changes a node takes it.
 """
 
 EXAMPLES = r"""
-- name: Take the redeploy lock (wait up to 10 minutes)
+- name: Take the redeploy lease (wait up to 10 minutes)
   gpufleet.sglang.node_lock:
-    path: /run/lock/gpufleet-sglang-main
+    path: /run/lock/gpufleet-sglang-main.lock
     owner: "{{ sglang_run_id }}"
     timeout: 600
 
-- name: Release the redeploy lock
+- name: Release the redeploy lease
   gpufleet.sglang.node_lock:
-    path: /run/lock/gpufleet-sglang-main
+    path: /run/lock/gpufleet-sglang-main.lock
     owner: "{{ sglang_run_id }}"
     state: released
 """
 
 RETURN = r"""
 acquired:
-  description: Whether this run holds the lock after the task.
+  description: Whether this run holds the lease after the task.
   returned: always
   type: bool
   sample: true
 holder:
-  description: The holder record found (before a release) or written (after an acquire).
+  description: The holder record found (before a release or break) or written (after an acquire).
   returned: always
   type: dict
-  sample: {"owner": "20261130T132900Z-1234", "host": "gpu-01", "pid": 4242, "since": 1764509340.1}
+  sample: {"owner": "20261130T132900Z-1234-0042", "controller": {"host": "ctl", "pid": 4242}, "expires_at": 1764509640.1}
+state:
+  description: The lease's state before the task (free, mine, live, expired, dead) and why.
+  returned: always
+  type: dict
 waited:
-  description: Seconds spent waiting for the lock.
+  description: Seconds spent waiting for the lease.
   returned: always
   type: float
   sample: 0.0
 generation:
-  description:
-    - How many times the lock has been taken, this acquisition included (after an acquire); the
-      current count otherwise. V(0) when it was never taken.
+  description: How many times the lease has been taken (this acquisition included, after an acquire).
   returned: always
   type: int
   sample: 42
-stale_takeover:
-  description: The holder record of an abandoned lock that was taken over, when that happened.
-  returned: when a stale lock was taken over
+took_over:
+  description: The holder record of a lease that was taken over (expired, or its controller gone), when that happened.
+  returned: when a lease was taken over
   type: dict
 """
 
-import json
-import os
-import shutil
-import socket
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils.lock import HOLDER, bump_generation, read_generation, read_holder
-
-# A takeover guard older than this is left over from a killed run.
-GUARD_STALE_S = 60.0
-
-
-def try_acquire(path, record):
-    """Create the lock directory atomically; return True when this call created it."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        return False
-    tmp = os.path.join(path, HOLDER + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
-    os.replace(tmp, os.path.join(path, HOLDER))
-    return True
-
-
-def _since(holder):
-    try:
-        return float((holder or {}).get("since"))
-    except (TypeError, ValueError):
-        return None
-
-
-def lock_age(path, holder):
-    """Seconds since the lock was taken: the holder's ``since``, else the directory's mtime; 0 when gone."""
-    since = _since(holder)
-    if since is None:
-        try:
-            since = os.stat(path).st_mtime
-        except OSError:
-            return 0.0
-    return max(0.0, time.time() - since)
-
-
-def describe(holder):
-    """One line naming the holder: run id, host, pid, controller (when known) and age."""
-    if not holder:
-        return "an unknown holder (no holder.json yet)"
-    since = _since(holder)
-    extra = ", controller %s" % holder["controller"] if holder.get("controller") else ""
-    age = (" since %.0f s ago" % max(0.0, time.time() - since)) if since is not None else ""
-    return "run %s on %s (pid %s%s)%s" % (holder.get("owner"), holder.get("host", "?"), holder.get("pid"), extra, age)
-
-
-def take_over(path, seen, stale_after):
-    """Remove the abandoned lock ``path`` whose holder record was ``seen``; True when it was removed.
-
-    Takeovers are serialised by a guard directory next to the lock, and the holder is read again
-    under the guard: a waiter that saw the same stale lock a moment later must not remove the
-    fresh lock that the first waiter has taken since. The lock is renamed away before it is deleted,
-    so ``path`` never exists half-removed.
-    """
-    base = path.rstrip("/")
-    guard = base + ".takeover"
-    try:
-        os.mkdir(guard, 0o700)
-    except FileExistsError:
-        # Another waiter is taking over right now (milliseconds); a guard left by a killed run is cleared.
-        try:
-            if time.time() - os.stat(guard).st_mtime > GUARD_STALE_S:
-                os.rmdir(guard)
-        except OSError:
-            pass
-        return False
-    except OSError:
-        return False
-    try:
-        holder = read_holder(path)
-        if holder != seen or not os.path.isdir(path) or lock_age(path, holder) <= stale_after:
-            return False
-        trash = "%s.stale-%d-%d" % (base, os.getpid(), int(time.time() * 1000))
-        try:
-            os.rename(path, trash)
-        except OSError:
-            return False
-        shutil.rmtree(trash, ignore_errors=True)
-        return True
-    finally:
-        try:
-            os.rmdir(guard)
-        except OSError:
-            pass
+from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", required=True),
-            state=dict(type="str", choices=["acquired", "released"], default="acquired"),
+            state=dict(type="str", choices=["acquired", "released", "broken", "inspected"], default="acquired"),
             owner=dict(type="str", required=True),
             timeout=dict(type="float", default=0),
-            stale_after=dict(type="float", default=7200),
+            ttl=dict(type="float", default=300),
+            controller=dict(type="dict", default={}),
             force=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
     p = module.params
     path = p["path"]
-    start = time.monotonic()
-
-    if p["state"] == "released":
-        holder = read_holder(path)
-        if not os.path.isdir(path):
-            module.exit_json(changed=False, acquired=False, holder={}, waited=0.0, generation=read_generation(path))
-        if holder and holder.get("owner") != p["owner"] and not p["force"]:
-            module.fail_json(msg="Lock %s is held by %s, not by %s; set force=true to remove it anyway" % (path, describe(holder), p["owner"]),
-                             acquired=False, holder=holder, waited=0.0, generation=read_generation(path))
-        if not module.check_mode:
-            shutil.rmtree(path, ignore_errors=True)
-        module.exit_json(changed=True, acquired=False, holder=holder or {}, waited=0.0, generation=read_generation(path))
-
-    record = dict(owner=p["owner"], host=socket.gethostname(), pid=os.getppid(), since=time.time(),
-                  controller=os.environ.get("GPUFLEET_CONTROLLER", ""))
-    holder = read_holder(path)
-    if holder and holder.get("owner") == p["owner"]:
-        module.exit_json(changed=False, acquired=True, holder=holder, waited=0.0, generation=read_generation(path))
-    if module.check_mode:
-        free = not os.path.isdir(path) or (p["stale_after"] > 0 and lock_age(path, holder) > p["stale_after"])
-        module.exit_json(changed=free, acquired=False, holder=holder or {}, waited=0.0, generation=read_generation(path))
-
-    parent = os.path.dirname(path.rstrip("/"))
-    if parent and not os.path.isdir(parent):
-        os.makedirs(parent, 0o755, exist_ok=True)
-
-    deadline = start + max(0.0, p["timeout"])
-    delay = 0.2
-    stale = None
-    while True:
-        if try_acquire(path, record):
-            break
-        holder = read_holder(path)
-        if p["stale_after"] > 0 and lock_age(path, holder) > p["stale_after"] and take_over(path, holder, p["stale_after"]):
-            stale = holder or {}
-            continue
-        left = deadline - time.monotonic()
-        if left <= 0:
-            module.fail_json(
-                msg="Another redeploy holds the node lock %s: %s. Waited %.1f s (timeout=%s). "
-                    "Wait for it to finish, or if it is dead, release it with force=true." % (
-                        path, describe(holder), time.monotonic() - start, p["timeout"]),
-                acquired=False, holder=holder or {}, waited=round(time.monotonic() - start, 3), generation=read_generation(path))
-        time.sleep(min(delay, left))
-        delay = min(delay * 1.5, 2.0)
-
-    # Counted under the lock: only the holder writes the counter.
-    result = dict(changed=True, acquired=True, holder=record, waited=round(time.monotonic() - start, 3), generation=bump_generation(path))
-    if stale is not None:
-        result["stale_takeover"] = stale
-        module.warn("Took over an abandoned lock %s from %s" % (path, describe(stale)))
-    module.exit_json(**result)
+    if p["ttl"] < lease_mod.MIN_TTL:
+        module.fail_json(msg="ttl must be at least %d seconds, got %s" % (lease_mod.MIN_TTL, p["ttl"]))
+    if p["timeout"] < 0:
+        module.fail_json(msg="timeout must be 0 or more seconds, got %s" % p["timeout"])
+    seen = lease_mod.inspect(path, p["owner"])
+    state = {"state": seen["state"], "reason": seen["reason"]}
+    base = dict(changed=False, acquired=seen["state"] == lease_mod.MINE, holder=seen["holder"], state=state, waited=0.0,
+                generation=seen["generation"])
+    if p["state"] == "inspected" or module.check_mode:
+        module.exit_json(**base)
+    if p["state"] in ("released", "broken"):
+        try:
+            released, holder = lease_mod.release(path, p["owner"], force=p["force"] or p["state"] == "broken")
+        except lease_mod.LeaseLost as exc:
+            module.fail_json(msg="%s (set force=true to remove it anyway)" % exc, **base)
+        base.update(changed=released, acquired=False, holder=holder or {}, generation=lease_mod.read_generation(path))
+        if released and p["state"] == "broken" and holder and holder.get("owner") != p["owner"]:
+            module.warn("broke the node lease %s of %s" % (path, lease_mod.describe(holder)))
+        module.exit_json(**base)
+    try:
+        got = lease_mod.acquire(path, p["owner"], controller=p["controller"], ttl=p["ttl"], timeout=p["timeout"])
+    except lease_mod.LeaseBusy as exc:
+        base.update(holder=exc.holder, waited=exc.waited)
+        module.fail_json(msg=exc.msg, **base)
+    base.update(changed=not got["already_held"], acquired=True, holder=got["holder"], waited=got["waited"],
+                generation=got["generation"])
+    if got["took_over"]:
+        base["took_over"] = got["took_over"]
+        module.warn("took over the node lease %s from %s: %s" % (path, lease_mod.describe(got["took_over"]), got["took_over_reason"]))
+    module.exit_json(**base)
 
 
 if __name__ == "__main__":

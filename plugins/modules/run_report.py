@@ -32,6 +32,13 @@ options:
     description: Shown in the Markdown heading; the run id.
     type: str
     default: ""
+  on_error:
+    description:
+      - V(fail) fails the task when the report cannot be written; V(warn) only warns and returns
+        RV(report_error), so that a failed write never hides the outcome of a redeploy that already happened.
+    type: str
+    choices: [fail, warn]
+    default: fail
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -77,6 +84,10 @@ markdown_path:
   returned: success
   type: str
   sample: /home/ops/.gpufleet/reports/20261130T132900Z-1234-redeploy.md
+report_error:
+  description: Why the report could not be written (O(on_error=warn) only).
+  returned: when the write failed and O(on_error=warn)
+  type: str
 hosts:
   description: Every host in the report now, in report order.
   returned: success

@@ -1,0 +1,426 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The outage window in one module run: tear down, prove the GPUs free, launch, health gate, config
+check, prove the GPUs allocated, with the node journal written at every step and the lease renewed
+while it works. No controller round trip happens while no server serves.
+
+Used by the ``sglang_replace`` module (docs/design.md, "sglang_replace"). The GPU steps run the same
+engines as the ``gpu_drain`` and ``gpu_memory_assert`` modules (``drain.py``, ``gpu_verify.py``), the
+launch the same engine as ``sglang_launch`` (``launcher.py``).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import signal
+import time
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils import drain as drain_engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as launch_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
+
+PHASES = ("all", "teardown", "launch")
+TARGETS = ("candidate", "known_good")
+
+
+class Interrupted(Exception):
+    """The module got SIGTERM, SIGINT or SIGHUP (a cancelled job, a dead controller's connection)."""
+
+    def __init__(self, signum):
+        super(Interrupted, self).__init__("interrupted by %s" % signal.Signals(signum).name)
+        self.signum = signum
+
+
+class ReplaceFailed(Exception):
+    def __init__(self, msg, result):
+        super(ReplaceFailed, self).__init__(msg)
+        self.msg = msg
+        self.result = result
+
+
+def _runner(module):
+    def run(argv, timeout=None):
+        rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"})
+        return rc, out, err
+    return run
+
+
+class Replace(object):
+    def __init__(self, module):
+        self.module = module
+        self.p = module.params
+        self.began = time.monotonic()
+        self.run_id = self.p["run_id"]
+        launch = dict(self.p["launch"] or {})
+        self.state_dir = launch.get("state_dir")
+        self.config_dir = launch.get("config_dir")
+        self.journal_path = journal_mod.path_for(self.state_dir) if self.state_dir else None
+        lease = dict(self.p["lease"] or {})
+        self.lease_path = lease.get("path")
+        self.lease_ttl = lease.get("ttl")
+        self.keepalive = None
+        self.step = None
+        self.secrets = []
+        self.result = {"changed": False, "phase": self.p["phase"], "target": self.p["target"], "torn_down": False,
+                       "signalled": [], "steps": [], "timings": {}, "node_state": "unchanged"}
+        self.candidate_pid = None
+
+    # ------------------------------------------------------------------
+    def elapsed(self):
+        return round(time.monotonic() - self.began, 3)
+
+    def mark(self, step, **fields):
+        self.step = step
+        self.result["steps"].append({"step": step, "at": self.elapsed()})
+        if self.keepalive is not None:
+            self.keepalive.check()
+        if self.journal_path and self.run_id and not self.module.check_mode:
+            journal_mod.record(self.journal_path, self.run_id, step, **fields)
+
+    def tick(self):
+        """Called while waiting: fail fast when the lease was taken over."""
+        if self.keepalive is not None:
+            self.keepalive.check()
+
+    def _on_signal(self, signum, frame):
+        raise Interrupted(signum)
+
+    # ------------------------------------------------------------------
+    def launch_params(self, target):
+        base = dict(self.p["launch"] or {})
+        base["api_key"] = self.p["api_key"]
+        if target == "candidate":
+            return base
+        record, stored = launch_mod.load_record(launch_mod.known_good_dir(self.config_dir))
+        if record is None:
+            return None
+        params = launch_mod.launch_params_from_record(record, stored, base)
+        params["on_override"] = "warn"
+        return params
+
+    def teardown(self):
+        p = self.p
+        td = dict(p["teardown"] or {})
+        launch = dict(p["launch"] or {})
+        t0 = time.monotonic()
+        self.mark(journal_mod.TEARDOWN, detail="signalling %s on GPUs %s" % (
+            ", ".join(str(x) for x in td.get("pids") or []) or "the holders", ",".join(str(g) for g in td.get("gpus") or [])))
+        self.result["torn_down"] = True
+        self.result["changed"] = True
+        unit = launch.get("unit") or "sglang-%s.service" % launch.get("name", "main")
+        if launch.get("manager") == "systemd" and systemd.running():
+            systemctl = self.module.get_bin_path("systemctl", required=True)
+            run = _runner(self.module)
+            try:
+                props = systemd.show(run, systemctl, unit)
+                if systemd.loaded(props) and systemd.is_active(props):
+                    systemd.stop(run, systemctl, unit)
+                    self.result["unit_stopped"] = unit
+            except systemd.SystemdError as exc:
+                self.module.warn("stopping %s failed (%s); the drain stops its processes by PID" % (unit, exc))
+        params = drain_engine.defaults()
+        params.update(dict((k, v) for k, v in td.items() if k in params))
+        try:
+            drained = drain_engine.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn)
+        except drain_engine.DrainError as exc:
+            self.result["signalled"] = (exc.result or {}).get("signalled", [])
+            self.result["drain"] = exc.result
+            raise
+        self.result["signalled"] = drained.get("signalled", [])
+        self.result["drain"] = drained
+        self.result["timings"]["teardown_s"] = round(time.monotonic() - t0, 3)
+        self.verify_gpus("free", td.get("gpus") or [])
+        self.mark(journal_mod.TORN_DOWN, detail="the target GPUs are free")
+
+    def verify_gpus(self, state, gpus):
+        vp = dict(self.p["verify"] or {})
+        params = gpu_verify.defaults()
+        params.update(dict((k, v) for k, v in vp.items() if k in params))
+        td = dict(self.p["teardown"] or {})
+        for key in ("nvidia_smi", "backend", "device_paths"):
+            if key in td and key in params:
+                params[key] = td[key]
+        params["gpus"] = list(gpus)
+        params["state"] = state
+        if state != "free":
+            params["require_no_processes"] = False
+        t0 = time.monotonic()
+        result = gpu_verify.run_assert(params, _runner(self.module), check_mode=False, warn=self.module.warn)
+        self.result["gpus_%s" % state] = result.get("gpus", [])
+        self.result["timings"]["verify_%s_s" % state] = round(time.monotonic() - t0, 3)
+        return result
+
+    def launch(self, params, label):
+        """Start ``params`` and gate it; returns the launcher (result in ``launcher.result``)."""
+        launcher = launch_mod.Launcher(self.module, params)
+        blockers = launcher.plan()
+        self.secrets.extend(launcher.secrets)
+        if blockers:
+            raise launch_mod.LaunchError("the %s config cannot be launched: %s" % (label, "; ".join(blockers)))
+        launcher.result["unit_changed"] = launcher.write_files()
+        t0 = time.monotonic()
+        pid, start, offset, is_child = launcher.start(port_grace=10.0 if self.result["torn_down"] else 0.0)
+        self.candidate_pid = pid
+        launcher.result["pid"] = pid
+        self.result["changed"] = True
+        self.mark(journal_mod.LAUNCHING if label == "candidate" else journal_mod.ROLLING_BACK,
+                  detail="%s PID %d started, waiting for %s" % (label, pid, launcher.p["health_path"]),
+                  candidate={"pid": pid, "starttime": start, "fingerprint": launcher.fp} if label == "candidate" else None,
+                  rollback={"pid": pid, "starttime": start, "fingerprint": launcher.fp} if label != "candidate" else None)
+        launcher.wait_healthy(pid, start, offset, is_child, started=True, on_poll=self.tick)
+        self.result["timings"]["%s_healthy_s" % label] = round(time.monotonic() - t0, 3)
+        return launcher
+
+    def stop_failed(self, launcher):
+        """Stop a candidate that failed its gate (it may still run), then prove the GPUs free again."""
+        td = dict(self.p["teardown"] or {})
+        pid = self.candidate_pid
+        stopped = []
+        if launcher is not None and pid and sp.alive(pid):
+            try:
+                report = launcher.stop({"pid": pid, "start": sp.starttime(pid)})
+                stopped = report.get("signalled", []) + report.get("killed", [])
+            except launch_mod.LaunchError as exc:
+                self.module.warn("stopping the failed candidate: %s" % exc.msg)
+        params = drain_engine.defaults()
+        params.update(dict((k, v) for k, v in td.items() if k in params))
+        params["pids"] = [pid] if pid else []
+        params["expected_pids"] = []
+        params["on_unexpected"] = "signal"
+        drained = drain_engine.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn)
+        self.result.setdefault("rollback_signalled", []).extend(drained.get("signalled", []) or [{"pid": p} for p in stopped])
+        self.verify_gpus("free", td.get("gpus") or [])
+
+    # ------------------------------------------------------------------
+    def run(self):
+        p = self.p
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        if p["api_key"]:
+            self.secrets.append(p["api_key"])
+        launcher = None
+        label = "candidate" if p["target"] == "candidate" else "known-good"
+        try:
+            with lease_mod.KeepAlive(self.lease_path, self.run_id, self.lease_ttl) as keepalive:
+                self.keepalive = keepalive if self.lease_path else None
+                self.ensure_directories()
+                params = None
+                if p["phase"] in ("all", "launch"):
+                    params = self.launch_params(p["target"])
+                    if params is None:
+                        raise launch_mod.LaunchError("there is no known-good config to launch under %s" %
+                                                     launch_mod.known_good_dir(self.config_dir))
+                    probe = launch_mod.Launcher(self.module, params, check_mode=True)
+                    blockers = probe.plan()
+                    if blockers:
+                        raise launch_mod.LaunchError("the %s config cannot be launched (nothing was touched): %s"
+                                                     % (label, "; ".join(blockers)))
+                if p["phase"] in ("all", "teardown"):
+                    if p["target"] == "known_good":
+                        self.mark(journal_mod.ROLLING_BACK, detail="tearing down the failed candidate")
+                    self.teardown()
+                    self.result["node_state"] = "no server"
+                if p["phase"] == "teardown":
+                    return self.finish()
+                launcher = self.launch(params, "candidate" if p["target"] == "candidate" else "known-good")
+                self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
+                vp = dict(p["verify"] or {})
+                if vp.get("allocated", True):
+                    self.verify_gpus("allocated", (p["teardown"] or {}).get("gpus") or [])
+                if p["target"] == "candidate":
+                    self.mark(journal_mod.LAUNCHED, detail="candidate PID %s healthy, config checked, GPUs allocated"
+                              % launcher.result.get("pid"))
+                    self.result["node_state"] = "candidate running (not yet promoted)"
+                else:
+                    self.mark(journal_mod.ROLLED_BACK, detail="known-good PID %s healthy" % launcher.result.get("pid"))
+                    self.result["node_state"] = "known-good running"
+                return self.finish()
+        except Interrupted as exc:
+            self.record_failure(journal_mod.INTERRUPTED, "%s at step %s" % (exc, self.step))
+            raise ReplaceFailed("sglang_replace was %s at step %s; the node journal records it, and the next run continues "
+                                "from there" % (exc, self.step), self.finish_result())
+        except lease_mod.LeaseLost as exc:
+            raise ReplaceFailed(str(exc), self.finish_result())
+        except (launch_mod.LaunchError, drain_engine.DrainError, gpu_verify.VerifyError) as exc:
+            return self.failed(exc, launcher)
+        except OSError as exc:
+            return self.failed(launch_mod.LaunchError("%s: %s" % (getattr(exc, "filename", None) or "a file", exc.strerror)),
+                               launcher)
+
+    def failed(self, exc, launcher):
+        p = self.p
+        msg = getattr(exc, "msg", str(exc))
+        extra = getattr(exc, "extra", None) or {}
+        if launcher is not None:
+            self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
+        elif extra:
+            self.result["launch"] = secret_rules.redact(extra, self.secrets)
+        if not self.result["torn_down"]:
+            self.record_failure(journal_mod.FAILED, "before the teardown: %s" % msg, settled=True)
+            self.result["node_state"] = "unchanged (the old server still serves)"
+            raise ReplaceFailed("%s (nothing was torn down; the old server still serves)" % msg, self.finish_result())
+        step = self.step
+        failed_launcher = launcher or (launch_mod.Launcher(self.module, self.launch_params(p["target"]) or {})
+                                       if p["phase"] != "teardown" else None)
+        if failed_launcher is not None:
+            try:
+                failed_launcher.plan()
+            except Exception:  # noqa: BLE001 - the stop below works by PID
+                pass
+        if p["phase"] == "teardown" or step in (journal_mod.TEARDOWN,):
+            self.record_failure(journal_mod.FAILED, "teardown failed: %s" % msg)
+            self.result["node_state"] = "unknown: the teardown failed"
+            raise ReplaceFailed(msg, self.finish_result())
+        try:
+            self.stop_failed(failed_launcher)
+        except (drain_engine.DrainError, gpu_verify.VerifyError, launch_mod.LaunchError) as stop_exc:
+            self.record_failure(journal_mod.FAILED, "%s; stopping it failed too: %s" % (msg, getattr(stop_exc, "msg", stop_exc)))
+            self.result["node_state"] = "failed candidate may still hold the GPUs"
+            self.result["rollback"] = {"status": "failed", "detail": "the failed %s could not be stopped: %s"
+                                       % (p["target"], getattr(stop_exc, "msg", stop_exc))}
+            raise ReplaceFailed(msg, self.finish_result())
+        self.result["node_state"] = "no server"
+        if p["target"] == "candidate" and p["rollback"]:
+            self.rollback_in_place(msg)
+        else:
+            self.record_failure(journal_mod.FAILED, msg)
+        raise ReplaceFailed(msg, self.finish_result())
+
+    def rollback_in_place(self, why):
+        """The candidate failed before it was healthy: launch the known-good config in this same run."""
+        params = self.launch_params("known_good")
+        if params is None:
+            self.record_failure(journal_mod.FAILED, why)
+            self.result["rollback"] = {"status": "unavailable",
+                                       "detail": "no known-good config under %s (this node was never deployed successfully by "
+                                                 "this collection)" % launch_mod.known_good_dir(self.config_dir)}
+            return
+        self.mark(journal_mod.ROLLING_BACK, detail="candidate failed: %s" % why[:300])
+        self.candidate_pid = None
+        try:
+            launcher = self.launch(params, "known-good")
+            if (self.p["verify"] or {}).get("allocated", True):
+                self.verify_gpus("allocated", (self.p["teardown"] or {}).get("gpus") or [])
+        except (launch_mod.LaunchError, gpu_verify.VerifyError, drain_engine.DrainError) as exc:
+            detail = "the last known-good config did not come back healthy: %s" % getattr(exc, "msg", exc)
+            self.record_failure(journal_mod.FAILED, "candidate failed, rollback failed: %s" % detail[:300])
+            self.result["rollback"] = {"status": "failed", "detail": detail}
+            self.result["node_state"] = "no server"
+            return
+        self.mark(journal_mod.ROLLED_BACK, detail="known-good PID %s healthy" % launcher.result.get("pid"))
+        self.result["rollback"] = {"status": "succeeded", "pid": launcher.result.get("pid"),
+                                   "detail": "relaunched the last known-good config (pid %s, healthy after %s s)" % (
+                                       launcher.result.get("pid"), launcher.result.get("startup_s"))}
+        self.result["rollback_launch"] = secret_rules.redact(launcher.result, self.secrets)
+        self.result["node_state"] = "known-good running"
+
+    def record_failure(self, step, detail, settled=False):
+        if self.journal_path and self.run_id and not self.module.check_mode:
+            try:
+                journal_mod.record(self.journal_path, self.run_id, step, detail=detail[:500])
+            except OSError as exc:
+                self.module.warn("the node journal %s could not be written: %s" % (self.journal_path, exc))
+
+    def ensure_directories(self):
+        """Create or fix the server's directories (mode, owner, group) that the preflight found missing or wrong."""
+        spec = dict(self.p["directories"] or {})
+        paths = [x for x in spec.get("paths") or [] if x]
+        if not paths:
+            return
+        mode = int(str(spec.get("mode") or "0750"), 8)
+        uid = gid = -1
+        if spec.get("owner"):
+            uid = _uid(spec["owner"])
+        if spec.get("group"):
+            gid = _gid(spec["group"])
+        made = []
+        for path in paths:
+            if not os.path.isdir(path):
+                os.makedirs(path, mode)
+            os.chmod(path, mode)
+            if uid != -1 or gid != -1:
+                os.chown(path, uid, gid)
+            made.append(path)
+        self.result["directories"] = made
+        self.result["changed"] = True
+
+    def finish_result(self):
+        self.result["elapsed"] = self.elapsed()
+        self.result["lines"] = result_lines(self.result)
+        return secret_rules.redact(self.result, self.secrets)
+
+    def finish(self):
+        return self.finish_result()
+
+
+def _uid(name):
+    try:
+        return int(name)
+    except ValueError:
+        return pwd.getpwnam(name).pw_uid
+
+
+def _gid(name):
+    try:
+        return int(name)
+    except ValueError:
+        return grp.getgrnam(name).gr_gid
+
+
+def _signalled_line(items):
+    parts = []
+    for item in items or []:
+        signals = item.get("signals") or []
+        if signals:
+            gone = item.get("seconds_to_exit")
+            parts.append("PID %s %s: %s%s" % (item.get("pid"), item.get("name") or "?", " then ".join(signals),
+                                              (", gone after %s s" % gone) if gone is not None else ""))
+        else:
+            parts.append("PID %s %s: exited with its server" % (item.get("pid"), item.get("name") or "?"))
+    return "; ".join(parts) or "nothing held the target GPUs"
+
+
+def _gpus_line(gpus):
+    return ", ".join("%s=%s MiB" % (g.get("index"), g.get("used_mib")) for g in gpus or [])
+
+
+def _launch_line(launch, label):
+    if not launch or not launch.get("pid"):
+        return None
+    eff = launch.get("effective") or {}
+    spec = "speculative %s steps %s topk %s draft tokens %s" % (
+        eff.get("speculative_algorithm") or "off", eff.get("speculative_num_steps", "-"), eff.get("speculative_eagle_topk", "-"),
+        eff.get("speculative_num_draft_tokens", "-"))
+    overrides = launch.get("overrides") or []
+    check = ("effective config matches the prediction (%d override(s)): %s" % (len(overrides), spec)) if eff else \
+        "healthy (no effective-config check on this rank)"
+    return "%s PID %s healthy at %s after %s s; %s" % (label, launch.get("pid"), launch.get("url"), launch.get("startup_s"), check)
+
+
+def result_lines(result):
+    """What the run did, in readable lines (the play's output)."""
+    lines = []
+    if result.get("torn_down"):
+        lines.append("signalled: %s" % _signalled_line(result.get("signalled")))
+    if "gpus_free" in result:
+        lines.append("%d GPU(s) free after %s s: %s" % (len(result["gpus_free"]), result["timings"].get("verify_free_s"),
+                                                       _gpus_line(result["gpus_free"])))
+    line = _launch_line(result.get("launch"), "candidate" if result.get("target") == "candidate" else "known-good")
+    if line:
+        lines.append(line)
+    if "gpus_allocated" in result:
+        lines.append("%d GPU(s) allocated: %s" % (len(result["gpus_allocated"]), _gpus_line(result["gpus_allocated"])))
+    rollback = result.get("rollback")
+    if rollback:
+        lines.append("rollback %s: %s" % (rollback.get("status"), rollback.get("detail")))
+    lines.append("node: %s (%.1f s in this module run)" % (result.get("node_state"), result.get("elapsed") or 0))
+    return lines

@@ -1,0 +1,238 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_promote
+short_description: Promote the verified SGLang config to known-good, settle the node journal, release the lease
+version_added: 0.2.0
+description:
+  - The last step of a redeploy, in one module run. With O(promote=true) it checks that the candidate record
+    is the config that runs now, copies it (record, 0600 secrets, C(--config) file, env file, unit file) to
+    C(<config_dir>/known-good/), enables the unit at boot (systemd), and writes C(promoted) into the node journal.
+  - With O(promote=false) it only writes O(outcome) into the journal (when the run ends otherwise) and releases
+    the lease.
+  - Releases the node lease this run holds (O(release)).
+options:
+  name:
+    description: Server instance name.
+    type: str
+    required: true
+  config_dir:
+    description: Config directory (candidate and known-good records).
+    type: path
+    required: true
+  state_dir:
+    description: State directory (state file and journal).
+    type: path
+    required: true
+  manager:
+    description: Process manager of the server.
+    type: str
+    choices: [process, systemd]
+    default: process
+  unit:
+    description: systemd unit. Default C(sglang-<name>.service).
+    type: str
+  unit_dir:
+    description: Directory of the unit file.
+    type: path
+    default: /etc/systemd/system
+  promote:
+    description: Promote the candidate (false only settles the journal and releases the lease).
+    type: bool
+    default: true
+  outcome:
+    description:
+      - With O(promote=false), the journal step to record (V(failed), V(rolled_back), or V(stopped) after an
+        intentional teardown) unless this run's journal entry already settled.
+    type: str
+    choices: [none, failed, rolled_back, stopped]
+    default: none
+  detail:
+    description: A line for the journal entry (what happened).
+    type: str
+    default: ""
+  smoke:
+    description: The smoke gate's figures, kept in the journal with the promotion.
+    type: dict
+    default: {}
+  run_id:
+    description: This redeploy's run id.
+    type: str
+    required: true
+  lease:
+    description: The node lease (C(path)); released when O(release=true).
+    type: dict
+    default: {}
+  release:
+    description: Release the lease.
+    type: bool
+    default: true
+author:
+  - gpufleet maintainers (@gpufleet)
+extends_documentation_fragment:
+  - action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: In check mode nothing is copied, recorded or released.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+seealso:
+  - module: gpufleet.sglang.sglang_replace
+  - module: gpufleet.sglang.sglang_preflight
+"""
+
+EXAMPLES = r"""
+- name: Promote the verified config and release the lease
+  gpufleet.sglang.sglang_promote:
+    name: main
+    config_dir: /etc/sglang/main
+    state_dir: /var/lib/sglang/main
+    manager: systemd
+    run_id: "{{ sglang_run_id }}"
+    lease: {path: /run/lock/gpufleet-sglang-main.lock}
+    smoke: "{{ smoke_result }}"
+"""
+
+RETURN = r"""
+promoted:
+  description: Whether the candidate became the known-good config.
+  returned: always
+  type: bool
+known_good:
+  description: C(dir) and C(fingerprint) of the known-good config after the module.
+  returned: always
+  type: dict
+released:
+  description: Whether the lease was released.
+  returned: always
+  type: bool
+journal_step:
+  description: The journal step after the module.
+  returned: always
+  type: str
+"""
+
+import os
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as launch_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
+
+FILES = (("server.json", 0o640), ("secrets.json", 0o600), ("config.yaml", 0o600), ("server.env", 0o600))
+
+
+def copy_private(src, dst, mode):
+    with open(src, encoding="utf-8") as fh:
+        text = fh.read()
+    sp.write_private(dst, text, mode=mode)
+
+
+def running_fingerprint(state_dir):
+    state = sp.read_state(os.path.join(state_dir, "server.state.json")) or {}
+    pid = state.get("pid")
+    if pid and sp.alive(pid, state.get("starttime")):
+        return state.get("fingerprint"), pid
+    return None, None
+
+
+def promote(module, p):
+    candidate = launch_mod.candidate_dir(p["config_dir"])
+    known_good = launch_mod.known_good_dir(p["config_dir"])
+    record = launch_mod.read_json(os.path.join(candidate, "server.json"))
+    if record is None:
+        module.fail_json(msg="there is no candidate record under %s to promote" % candidate, promoted=False)
+    fp, pid = running_fingerprint(p["state_dir"])
+    if p["manager"] == "process" and fp != record.get("fingerprint"):
+        module.fail_json(msg="the candidate record (%s) is not the config that runs now (%s): promote only what was verified; "
+                             "run the redeploy again" % (record.get("fingerprint"), fp or "nothing runs"), promoted=False)
+    if module.check_mode:
+        return {"promoted": False, "known_good": {"dir": known_good, "fingerprint": record.get("fingerprint")}}
+    if not os.path.isdir(known_good):
+        os.makedirs(known_good, 0o750)
+    for name, mode in FILES:
+        src = os.path.join(candidate, name)
+        dst = os.path.join(known_good, name)
+        if os.path.exists(src):
+            copy_private(src, dst, mode)
+        elif os.path.exists(dst):
+            os.unlink(dst)     # a stale secrets/config file from an older known-good must not come back
+    if p["manager"] == "systemd":
+        unit = p["unit"] or "sglang-%s.service" % p["name"]
+        src = os.path.join(p["unit_dir"], unit)
+        if os.path.exists(src):
+            shutil.copyfile(src, os.path.join(known_good, unit))
+            os.chmod(os.path.join(known_good, unit), 0o644)
+        if systemd.running():
+            systemctl = module.get_bin_path("systemctl", required=True)
+            try:
+                systemd.enable(lambda argv: module.run_command(argv, environ_update=dict(systemd.C_ENV)), systemctl, unit)
+            except systemd.SystemdError as exc:
+                module.fail_json(msg="the verified config was promoted, but enabling %s at boot failed: %s" % (unit, exc),
+                                 promoted=True)
+    journal_path = journal_mod.path_for(p["state_dir"])
+    journal_mod.record(journal_path, p["run_id"], journal_mod.VERIFIED, detail="smoke gate passed", smoke=p["smoke"] or None)
+    journal_mod.record(journal_path, p["run_id"], journal_mod.PROMOTED, detail=p["detail"] or "candidate promoted to known-good",
+                       known_good={"fingerprint": record.get("fingerprint")}, candidate={"fingerprint": record.get("fingerprint"),
+                                                                                        "pid": pid})
+    return {"promoted": True, "known_good": {"dir": known_good, "fingerprint": record.get("fingerprint")}}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            config_dir=dict(type="path", required=True),
+            state_dir=dict(type="path", required=True),
+            manager=dict(type="str", default="process", choices=["process", "systemd"]),
+            unit=dict(type="str"),
+            unit_dir=dict(type="path", default="/etc/systemd/system"),
+            promote=dict(type="bool", default=True),
+            outcome=dict(type="str", default="none", choices=["none", "failed", "rolled_back", "stopped"]),
+            detail=dict(type="str", default=""),
+            smoke=dict(type="dict", default={}),
+            run_id=dict(type="str", required=True),
+            lease=dict(type="dict", default={}),
+            release=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    result = {"changed": False, "promoted": False, "released": False, "known_good": {}}
+    if p["promote"]:
+        result.update(promote(module, p))
+        result["changed"] = result["promoted"]
+    elif p["outcome"] != "none" and not module.check_mode:
+        path = journal_mod.path_for(p["state_dir"])
+        entry = journal_mod.read(path)
+        if entry.get("run_id") == p["run_id"] and entry.get("step") not in journal_mod.SETTLED:
+            step = {"failed": journal_mod.FAILED, "rolled_back": journal_mod.ROLLED_BACK, "stopped": journal_mod.STOPPED}
+            journal_mod.record(path, p["run_id"], step[p["outcome"]], detail=p["detail"] or p["outcome"])
+            result["changed"] = True
+    lease_path = (p["lease"] or {}).get("path")
+    if p["release"] and lease_path and not module.check_mode:
+        try:
+            released, _holder = lease_mod.release(lease_path, p["run_id"])
+        except lease_mod.LeaseLost as exc:
+            module.warn(str(exc))
+            released = False
+        result["released"] = released
+        result["changed"] = result["changed"] or released
+    result["journal_step"] = journal_mod.read(journal_mod.path_for(p["state_dir"])).get("step")
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

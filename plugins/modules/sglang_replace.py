@@ -1,0 +1,196 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_replace
+short_description: Replace an SGLang server in one module run (teardown, GPUs free, launch, health and config gate)
+version_added: 0.2.0
+description:
+  - The outage window of a redeploy as one target-side run, so that no controller round trip happens
+    while no server serves.
+    1. Stops the managed unit (systemd) and drains the target GPUs (the engine of M(gpufleet.sglang.gpu_drain)).
+    2. Proves the target GPUs free (the engine of M(gpufleet.sglang.gpu_memory_assert)).
+    3. Writes the candidate's files (record, 0600 secrets, C(--config), unit) and starts it (the engine of
+       M(gpufleet.sglang.sglang_launch)).
+    4. Waits for the health check, compares the server's C(/server_info) with the predicted effective
+       config, and proves the GPUs allocated.
+  - Writes the node journal (C(<state_dir>/journal.json)) at every step and renews the node lease while it
+    works, so that an interrupted run (SIGKILL of the controller, Ctrl-C, an AWX cancel) leaves a state the
+    next run recognises.
+  - With O(rollback=true), a candidate that fails before it is healthy and verified is stopped, the GPUs are
+    proven free again, and the last known-good config is relaunched in the same run.
+  - O(target=known_good) relaunches the known-good record (the rollback after a failed smoke gate).
+  - O(phase) splits the run for a multi-node server, whose ranks must all be torn down before any starts.
+options:
+  phase:
+    description: V(all), V(teardown) (steps 1-2 only) or V(launch) (steps 3-4 only).
+    type: str
+    choices: [all, teardown, launch]
+    default: all
+  target:
+    description: V(candidate) (the O(launch) config) or V(known_good) (the record under C(<config_dir>/known-good)).
+    type: str
+    choices: [candidate, known_good]
+    default: candidate
+  launch:
+    description:
+      - The launch, as for M(gpufleet.sglang.sglang_launch), by keys (C(name), C(version), C(manager), C(unit),
+        C(unit_dir), C(python), C(args), C(env), C(chdir), C(user), C(group), C(environment_file), C(config_dir),
+        C(state_dir), C(log_file), C(health_path), C(health_timeout), C(stop_timeout), C(on_override), C(expect),
+        C(adjustments), C(check_config), C(allow_api_key_in_argv), C(record_extra)).
+    type: dict
+    required: true
+  api_key:
+    description: The server's API key (never on the command line; it goes into the 0600 C(--config) file).
+    type: str
+  teardown:
+    description:
+      - The drain, by the keys of M(gpufleet.sglang.gpu_drain) (C(gpus), C(pids), C(match), C(exclude),
+        C(term_timeout), C(kill_timeout), C(reset_orphaned), C(nvidia_smi), C(backend), C(device_paths),
+        C(expected_pids), C(on_unexpected)).
+    type: dict
+    default: {}
+  verify:
+    description:
+      - The GPU checks, by the keys of M(gpufleet.sglang.gpu_memory_assert) (C(max_used_mib), C(min_used_mib),
+        C(require_no_processes), C(timeout), C(sleep)); C(allocated=false) skips the check after the launch.
+    type: dict
+    default: {}
+  directories:
+    description:
+      - Directories to create or fix before anything else, as C(paths) with C(mode), C(owner), C(group)
+        (what the preflight found missing or wrong).
+    type: dict
+    default: {}
+  rollback:
+    description: Relaunch the known-good config in this run when the candidate fails before it is verified.
+    type: bool
+    default: false
+  run_id:
+    description: This redeploy's run id (journal entries and the lease).
+    type: str
+    required: true
+  lease:
+    description: The node lease this run holds (C(path), C(ttl)); renewed while the module works.
+    type: dict
+    default: {}
+author:
+  - gpufleet maintainers (@gpufleet)
+extends_documentation_fragment:
+  - action_common_attributes
+attributes:
+  check_mode:
+    support: none
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+seealso:
+  - module: gpufleet.sglang.sglang_preflight
+  - module: gpufleet.sglang.sglang_promote
+  - module: gpufleet.sglang.gpu_drain
+  - module: gpufleet.sglang.gpu_memory_assert
+  - module: gpufleet.sglang.sglang_launch
+"""
+
+EXAMPLES = r"""
+- name: Replace the server
+  gpufleet.sglang.sglang_replace:
+    run_id: "{{ sglang_run_id }}"
+    lease: {path: /run/lock/gpufleet-sglang-main.lock}
+    launch:
+      name: main
+      version: "0.5.23"
+      manager: systemd
+      args: "{{ plan.resolved.args }}"
+      config_dir: /etc/sglang/main
+      state_dir: /var/lib/sglang/main
+      log_file: /var/log/sglang/main.log
+    teardown:
+      gpus: "{{ plan.plan.target_gpus }}"
+      pids: "{{ plan.plan.teardown_pids }}"
+    rollback: true
+"""
+
+RETURN = r"""
+torn_down:
+  description: Whether the old server was signalled (the node served nothing from then on until the launch).
+  returned: always
+  type: bool
+signalled:
+  description: What the teardown signalled (as M(gpufleet.sglang.gpu_drain) returns it).
+  returned: always
+  type: list
+  elements: dict
+gpus_free:
+  description: The target GPUs after the teardown.
+  returned: when the teardown ran
+  type: list
+  elements: dict
+gpus_allocated:
+  description: The target GPUs once the new server runs.
+  returned: when the launch passed
+  type: list
+  elements: dict
+launch:
+  description: The launch (pid, url, startup_s, effective, overrides, unverified, log_warnings, record_file), as M(gpufleet.sglang.sglang_launch) returns it.
+  returned: when a launch started
+  type: dict
+rollback:
+  description: C(status) (succeeded, failed, unavailable) and C(detail) of an in-place rollback.
+  returned: when O(rollback=true) and the candidate failed
+  type: dict
+node_state:
+  description: What runs on the node when the module ends, in words.
+  returned: always
+  type: str
+steps:
+  description: The journal steps this run passed, with seconds since the module started.
+  returned: always
+  type: list
+  elements: dict
+lines:
+  description: What the run did, in readable lines (signalled, GPUs free, the launch, GPUs allocated, the rollback, the node).
+  returned: always
+  type: list
+  elements: str
+timings:
+  description: Seconds per part (teardown_s, verify_free_s, candidate_healthy_s, verify_allocated_s).
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils import replace as engine
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            phase=dict(type="str", default="all", choices=list(engine.PHASES)),
+            target=dict(type="str", default="candidate", choices=list(engine.TARGETS)),
+            launch=dict(type="dict", required=True),
+            api_key=dict(type="str", no_log=True),
+            teardown=dict(type="dict", default={}),
+            verify=dict(type="dict", default={}),
+            directories=dict(type="dict", default={}),
+            rollback=dict(type="bool", default=False),
+            run_id=dict(type="str", required=True),
+            lease=dict(type="dict", default={}),
+        ),
+        supports_check_mode=False,
+    )
+    try:
+        result = engine.Replace(module).run()
+    except engine.ReplaceFailed as exc:
+        module.fail_json(msg=exc.msg, **exc.result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
