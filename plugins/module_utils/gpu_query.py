@@ -25,7 +25,7 @@ A snapshot is a plain, JSON-ready dict::
       "calls": 2,                         # nvidia-smi runs made for this snapshot
     }
 
-Rules (nvidia-smi.md section 1):
+Rules (docs/reference/nvidia-smi.md, "Parsing rules" and "Failures"):
 
 * A placeholder (any ``[...]`` token, bare ``N/A``, ``ERR!`` or an empty value)
   is *unknown*: the value is None and the field is listed in
@@ -36,8 +36,17 @@ Rules (nvidia-smi.md section 1):
   or without ``MiB`` (``nounits``), with or without a header line.
 * Driver failures are recognised from the exit code *and* the stdout text
   (rc 9 no driver, 12 no library, 18 library/driver mismatch, "No devices
-  were found"); a lost GPU ("Unable to determine the device handle for GPU
-  ...") marks that GPU lost while the others still answer.
+  were found", "Failed to initialize NVML: No supported GPUs were found",
+  "Failed to initialize NVML: Unknown Error", an option this nvidia-smi does
+  not know); a lost GPU ("Unable to determine the device handle for GPU1:
+  0000:34:00.0: Unknown Error" and its older spellings) marks that GPU lost,
+  by index when the line names one, while the others still answer. A lost GPU
+  never drops out of a result.
+* Output that does not parse (junk rows, a truncated row, a header without
+  rows, empty output) is its own status, ``unparsable``, whose message starts
+  "nvidia-smi output could not be parsed:"; it is never read as "no GPUs".
+* ``mig.mode.current`` is queried with the memory: a GPU in MIG mode keeps a
+  few tens of MiB in use when idle (see :func:`idle_limit`).
 
 Commands run through a *runner*, a callable ``runner(argv) -> (rc, stdout,
 stderr)``: :func:`module_runner` wraps ``AnsibleModule.run_command`` under
@@ -72,8 +81,17 @@ GPU_SYSTEM_DAEMONS = (
 )
 
 # --query-gpu fields; name last so that a name with a comma cannot shift columns.
-GPU_FIELDS = ('index', 'uuid', 'pci.bus_id', 'memory.total', 'memory.reserved', 'memory.used', 'memory.free', 'name')
+GPU_FIELDS = ('index', 'uuid', 'pci.bus_id', 'memory.total', 'memory.reserved', 'memory.used', 'memory.free',
+              'mig.mode.current', 'name')
+# Fields an older driver may not know; each is dropped (once) when nvidia-smi
+# says it "is not a valid field to query" (memory.reserved: before R510).
+OPTIONAL_GPU_FIELDS = ('memory.reserved', 'mig.mode.current')
 GPU_FIELDS_NO_RESERVED = tuple(f for f in GPU_FIELDS if f != 'memory.reserved')
+
+# With MIG enabled an idle GPU shows its instances' bookkeeping as used
+# memory: 55-59 MiB on an idle H200 (docs/reference/nvidia-smi.md, "Idle
+# baselines"). The default allowance for a MIG GPU to still count as free.
+DEFAULT_MIG_MAX_USED_MIB = 96
 # --query-compute-apps fields; process_name last (it may contain commas).
 APP_FIELDS = ('gpu_uuid', 'pid', 'used_gpu_memory', 'process_name')
 
@@ -92,18 +110,29 @@ STATUS_MISMATCH = 'version_mismatch'             # rc 18
 STATUS_NVML_INIT = 'nvml_init_failed'            # "Failed to initialize NVML: ..." with another rc
 STATUS_NO_DEVICES = 'no_devices'                 # "No devices were found"
 STATUS_NOT_FOUND = 'nvidia_smi_not_found'        # the binary is missing
+STATUS_NO_SUPPORTED = 'no_supported_gpus'       # "Failed to initialize NVML: No supported GPUs were found" (rc 255)
+STATUS_BAD_OPTION = 'option_not_recognized'      # "ERROR: Option X is not recognized. ..."
 STATUS_TIMEOUT = 'timeout'                       # the command did not finish in time
+STATUS_UNPARSABLE = 'unparsable'                 # output that does not parse (junk, truncated, empty)
 STATUS_ERROR = 'error'                           # anything else (retryable)
 
 # Failures that waiting cannot fix: report them at once.
 FATAL_STATUSES = frozenset((STATUS_NOT_LOADED, STATUS_NO_LIBRARY, STATUS_MISMATCH, STATUS_NVML_INIT,
-                            STATUS_NO_DEVICES, STATUS_NOT_FOUND))
+                            STATUS_NO_DEVICES, STATUS_NOT_FOUND, STATUS_NO_SUPPORTED, STATUS_BAD_OPTION))
+
+UNPARSABLE_PREFIX = 'nvidia-smi output could not be parsed'
 
 STATUS_HINTS = {
     STATUS_NOT_LOADED: 'the NVIDIA kernel driver is not loaded (nvidia-smi rc 9); load it (modprobe nvidia) or reboot',
     STATUS_NO_LIBRARY: 'libnvidia-ml.so cannot be loaded (nvidia-smi rc 12); install the NVIDIA driver user-space libraries',
     STATUS_MISMATCH: 'the NVML library and the kernel driver versions differ (rc 18); reload the driver or reboot',
-    STATUS_NVML_INIT: 'NVML failed to initialise',
+    STATUS_NVML_INIT: 'NVML failed to initialise (rc 255); in a container this usually means it lost access to '
+                      '/dev/nvidia* (restart it); on the host, check dmesg for Xid errors and reboot if the driver is wedged',
+    STATUS_NO_SUPPORTED: 'the driver found no GPU it supports (rc 255): the GPUs are bound to another driver (vfio-pci), '
+                         'not supported by this driver branch, or gone from the PCI bus; check lspci -k and dmesg',
+    STATUS_BAD_OPTION: 'this nvidia-smi does not accept an option the collection uses; check the driver version '
+                       'and the nvidia_smi option',
+    STATUS_UNPARSABLE: UNPARSABLE_PREFIX,
     STATUS_NO_DEVICES: 'no NVIDIA GPU is visible (check /dev/nvidia* permissions and the driver)',
     STATUS_NOT_FOUND: 'nvidia-smi was not found',
     STATUS_TIMEOUT: 'nvidia-smi did not answer in time (is persistence mode off, or is a GPU hung?)',
@@ -118,13 +147,22 @@ _MSG_NVML_INIT = 'failed to initialize nvml'
 _MSG_MISMATCH = 'version mismatch'
 _MSG_NO_DEVICES = 'no devices were found'
 _MSG_INVALID_FIELD = 'is not a valid field to query'
+_MSG_NO_SUPPORTED = 'no supported gpus were found'
+_MSG_BAD_OPTION = 'is not recognized. please run'
+_INVALID_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query|(\S+) : not a valid field to query',
+                               re.IGNORECASE)
 
-_LOST_RE = re.compile(r'Unable to determine the device handle for gpu\s*([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)\s*:\s*(.*)$',
-                      re.IGNORECASE)
+# The lost-GPU line in its real spellings: "for GPU1: 0000:34:00.0: Unknown
+# Error" (driver 610: index, then the bus id with a four-digit domain), "for
+# GPU0000:07:00.0: ..." and "for GPU 0000:0B:00.0: ..." (older drivers), and a
+# lower-case "gpu". The index form needs a space after its colon, which a bus
+# id never has, so "GPU0000:07:00.0" is not read as index 0000.
+_LOST_RE = re.compile(r'Unable to determine the device handle for gpu\s*(?:(\d+):\s+)?'
+                      r'([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)\s*:\s*(.*)$', re.IGNORECASE)
 _GPU_IS_LOST_RE = re.compile(r'GPU is lost\.', re.IGNORECASE)
 _MESSAGE_MARKERS = (_MSG_NOT_LOADED, _MSG_NO_LIBRARY, 'please also try adding directory', _MSG_NVML_INIT,
                     'nvml library version', _MSG_NO_DEVICES, 'unable to determine the device handle', 'gpu is lost.',
-                    _MSG_INVALID_FIELD)
+                    _MSG_INVALID_FIELD, 'unable to determine the number of gpus', _MSG_BAD_OPTION)
 
 _PLACEHOLDER_RE = re.compile(r'^\[.*\]$')
 _MIB_RE = re.compile(r'^(\d+)(?:\s*MiB)?$', re.IGNORECASE)
@@ -294,10 +332,12 @@ def is_message_line(line):
 
 
 def parse_lost_lines(text):
-    """``[{'bus_id', 'reason'}]`` from "Unable to determine the device handle for GPU ..." lines.
+    """``[{'bus_id', 'reason', 'index'}]`` from "Unable to determine the device handle for GPU ..." lines.
 
-    Bus ids are normalised; a bare "GPU is lost.  Reboot the system..." line
-    with no such line beside it gives one entry whose ``bus_id`` is None.
+    Bus ids are normalised to the eight-digit domain; ``index`` is the GPU
+    index when the line names one (driver 610 and later), else None. A bare
+    "GPU is lost.  Reboot the system..." line with no such line beside it
+    gives one entry whose ``bus_id`` is None.
     """
     lost = []
     seen = set()
@@ -305,15 +345,67 @@ def parse_lost_lines(text):
     for line in (text or '').splitlines():
         match = _LOST_RE.search(line)
         if match:
-            bus = normalize_bus_id(match.group(1)) or match.group(1)
+            bus = normalize_bus_id(match.group(2)) or match.group(2)
             if bus not in seen:
                 seen.add(bus)
-                lost.append({'bus_id': bus, 'reason': match.group(2).strip() or 'unknown'})
+                index = int(match.group(1)) if match.group(1) is not None else None
+                lost.append({'bus_id': bus, 'reason': match.group(3).strip() or 'unknown', 'index': index})
         elif bare is None and _GPU_IS_LOST_RE.search(line):
             bare = {'bus_id': None, 'reason': line.strip()}
     if not lost and bare is not None:
+        bare['index'] = None
         lost.append(bare)
     return lost
+
+
+def invalid_field(text):
+    """The field name nvidia-smi rejected as "not a valid field to query", or None."""
+    match = _INVALID_FIELD_RE.search(text or '')
+    if not match:
+        return None
+    return (match.group(1) or match.group(2) or '').strip() or None
+
+
+_RESET_FAILED_RE = re.compile(r'^\s*GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)\s*:\s*(.+?)\s*$')
+_RESET_IN_USE_OLD_RE = re.compile(r'GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)\s+is currently in use '
+                                  r'by another process', re.IGNORECASE)
+_RESET_OK_RE = re.compile(r'GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)\s+was successfully reset',
+                          re.IGNORECASE)
+
+
+def parse_reset_output(rc, stdout, stderr=''):
+    """Read ``nvidia-smi --gpu-reset`` output: ``{'ok', 'reset': [bus ids], 'failed': {bus id: reason}, 'message'}``.
+
+    Newer drivers refuse with "The following GPUs could not be reset:" and one
+    indented "GPU 00000000:1A:00.0: In use by another client" line per GPU
+    (rc 255); older ones with "GPU ... is currently in use by another
+    process."; success is "GPU ... was successfully reset.".
+    """
+    text = '%s\n%s' % (stdout or '', stderr or '')
+    reset = []
+    failed = {}
+    in_list = False
+    for line in text.splitlines():
+        if line.strip().lower().startswith('the following gpus could not be reset'):
+            in_list = True
+            continue
+        ok = _RESET_OK_RE.search(line)
+        if ok:
+            reset.append(normalize_bus_id(ok.group(1)) or ok.group(1))
+            continue
+        old = _RESET_IN_USE_OLD_RE.search(line)
+        if old:
+            failed[normalize_bus_id(old.group(1)) or old.group(1)] = 'In use by another process'
+            continue
+        if in_list:
+            match = _RESET_FAILED_RE.match(line)
+            if match:
+                failed[normalize_bus_id(match.group(1)) or match.group(1)] = match.group(2)
+                continue
+            if line.strip():
+                in_list = False
+    message = ' '.join(line.strip() for line in text.splitlines() if line.strip())
+    return {'ok': rc == 0 and not failed, 'reset': reset, 'failed': failed, 'message': message}
 
 
 def parse_csv(text, fields):
@@ -387,6 +479,10 @@ def detect_driver_failure(rc, stdout, stderr=''):
         return driver_status(STATUS_NO_LIBRARY, rc, message)
     if rc == 18 or (_MSG_NVML_INIT in low and _MSG_MISMATCH in low):
         return driver_status(STATUS_MISMATCH, rc, message)
+    if _MSG_NO_SUPPORTED in low:
+        return driver_status(STATUS_NO_SUPPORTED, rc, message)
+    if _MSG_BAD_OPTION in low:
+        return driver_status(STATUS_BAD_OPTION, rc, message)
     if _MSG_NVML_INIT in low:
         return driver_status(STATUS_NVML_INIT, rc, message)
     if _MSG_NO_DEVICES in low:
@@ -412,8 +508,17 @@ def empty_snapshot(backend, driver=None):
     }
 
 
-def gpu_from_row(row):
-    """One GPU dict from a parsed ``--query-gpu`` row."""
+def _junk(row, field, value):
+    """True when ``row[field]`` is neither a value nor a placeholder (garbage or a cut-off row)."""
+    return field in row and value is None and not is_placeholder(row[field])
+
+
+def gpu_from_row(row, junk=None):
+    """One GPU dict from a parsed ``--query-gpu`` row.
+
+    Fields that hold neither a value nor a placeholder are appended to
+    ``junk`` (a list) as ``field=text``.
+    """
     unknown = {}
 
     def take(field, parser):
@@ -422,6 +527,8 @@ def gpu_from_row(row):
         value, placeholder = parser(row[field])
         if placeholder is not None:
             unknown[field] = placeholder
+            if junk is not None and _junk(row, field, value):
+                junk.append('%s=%r' % (field, row[field][:40]))
         return value
 
     gpu = {
@@ -440,6 +547,12 @@ def gpu_from_row(row):
     }
     bus = take('pci.bus_id', parse_text)
     gpu['bus_id'] = normalize_bus_id(bus) or bus
+    if junk is not None and bus is not None and normalize_bus_id(bus) is None:
+        junk.append('pci.bus_id=%r' % bus[:40])
+    if junk is not None and gpu['uuid'] is not None and not gpu['uuid'].upper().startswith('GPU-'):
+        junk.append('uuid=%r' % gpu['uuid'][:40])
+    mig = take('mig.mode.current', parse_text)
+    gpu['mig_mode'] = mig
     if 'memory.reserved' not in row:
         unknown['memory.reserved'] = '(not queried)'
     for field, placeholder in unknown.items():
@@ -450,21 +563,27 @@ def gpu_from_row(row):
     return gpu
 
 
-def process_from_row(row):
-    """One process dict from a parsed ``--query-compute-apps`` row."""
+def process_from_row(row, junk=None):
+    """One process dict from a parsed ``--query-compute-apps`` row (junk fields go to ``junk``)."""
     unknown = {}
     pid, placeholder = parse_int(row.get('pid'))
     if placeholder is not None:
         unknown['pid'] = placeholder
+        if junk is not None and _junk(row, 'pid', pid):
+            junk.append('pid=%r' % row['pid'][:40])
     used, placeholder = parse_mib(row.get('used_gpu_memory'))
     if placeholder is not None:
         unknown['used_gpu_memory'] = placeholder
+        if junk is not None and _junk(row, 'used_gpu_memory', used):
+            junk.append('used_gpu_memory=%r' % row['used_gpu_memory'][:40])
     name, placeholder = parse_text(row.get('process_name'))
     if placeholder is not None:
         unknown['process_name'] = placeholder
     uuid, placeholder = parse_text(row.get('gpu_uuid'))
     if placeholder is not None:
         unknown['gpu_uuid'] = placeholder
+    elif junk is not None and not uuid.upper().startswith(('GPU-', 'MIG-')):
+        junk.append('gpu_uuid=%r' % uuid[:40])
     return {'pid': pid, 'used_mib': used, 'name': name, 'gpu_uuid': uuid, 'unknown_fields': unknown}
 
 
@@ -491,7 +610,7 @@ def assemble(gpus, processes, lost, backend, driver=None, anomalies=None, calls=
     lost = list(lost or [])
     for entry in lost:
         for gpu in gpus:
-            if entry['bus_id'] and gpu.get('bus_id') == entry['bus_id']:
+            if entry.get('bus_id') and gpu.get('bus_id') == entry['bus_id']:
                 gpu['lost'] = True
                 gpu['lost_reason'] = entry['reason']
     snap['gpus'] = sorted(gpus, key=lambda g: (g['index'] is None, g['index'] if g['index'] is not None else 0))
@@ -500,15 +619,49 @@ def assemble(gpus, processes, lost, backend, driver=None, anomalies=None, calls=
 
 
 def parse_query_gpu(text, fields=GPU_FIELDS):
-    """GPU dicts from ``--query-gpu`` output; returns ``(gpus, lost, anomalies)``."""
+    """GPU dicts from ``--query-gpu`` output; returns ``(gpus, lost, anomalies)``.
+
+    ``anomalies`` lists the lines that could not be read: rows with the wrong
+    number of columns (a cut-off row) and rows whose values are neither values
+    nor placeholders (garbage).
+    """
     rows, anomalies = parse_csv(text, fields)
-    return [gpu_from_row(r) for r in rows], parse_lost_lines(text), anomalies
+    gpus = []
+    for row in rows:
+        junk = []
+        gpus.append(gpu_from_row(row, junk))
+        if junk:
+            anomalies.append('row with unreadable values (%s)' % ', '.join(junk))
+    return gpus, parse_lost_lines(text), anomalies
 
 
 def parse_compute_apps(text, fields=APP_FIELDS):
     """Process dicts from ``--query-compute-apps`` output; returns ``(processes, anomalies)``."""
     rows, anomalies = parse_csv(text, fields)
-    return [process_from_row(r) for r in rows], anomalies
+    processes = []
+    for row in rows:
+        junk = []
+        processes.append(process_from_row(row, junk))
+        if junk:
+            anomalies.append('process row with unreadable values (%s)' % ', '.join(junk))
+    return processes, anomalies
+
+
+def _unparsable(what, details):
+    shown = '; '.join(d[:160] for d in details[:3])
+    if len(details) > 3:
+        shown += '; ... (%d more)' % (len(details) - 3)
+    return '%s: %s: %s' % (UNPARSABLE_PREFIX, what, shown)
+
+
+def _has_header(text, fields):
+    for raw in (text or '').splitlines():
+        line = raw.strip()
+        if not line or is_message_line(line):
+            continue
+        header = parse_header(line)
+        return header is not None and set(h[0] for h in header) == set(canonical_field(f) for f in fields)
+    return False
 
 
 def snapshot_from_outputs(gpu_result, apps_result, backend=BACKEND_NVIDIA_SMI, gpu_fields=GPU_FIELDS,
@@ -532,6 +685,14 @@ def snapshot_from_outputs(gpu_result, apps_result, backend=BACKEND_NVIDIA_SMI, g
         snap = empty_snapshot(backend, driver_status(status, rc, message))
         snap['calls'] = calls
         return snap
+    if anomalies or (not gpus and not lost):
+        details = list(anomalies) or ['no GPU rows (%s)' % ('a header and nothing else' if _has_header(out, gpu_fields)
+                                                            else 'empty output' if not (out or '').strip()
+                                                            else 'no line looks like a GPU row')]
+        snap = empty_snapshot(backend, driver_status(STATUS_UNPARSABLE, rc, _unparsable('--query-gpu', details)))
+        snap['calls'] = calls
+        snap['anomalies'] = list(anomalies)
+        return snap
     processes = []
     driver = driver_status()
     if apps_result is not None:
@@ -542,7 +703,12 @@ def snapshot_from_outputs(gpu_result, apps_result, backend=BACKEND_NVIDIA_SMI, g
             snap['calls'] = calls
             return snap
         processes, app_anomalies = parse_compute_apps(aout, app_fields)
-        anomalies.extend(app_anomalies)
+        if app_anomalies:
+            snap = empty_snapshot(backend, driver_status(STATUS_UNPARSABLE, arc,
+                                                         _unparsable('--query-compute-apps', app_anomalies)))
+            snap['calls'] = calls
+            snap['anomalies'] = list(app_anomalies)
+            return snap
         for entry in parse_lost_lines('%s\n%s' % (aout, aerr)):
             if entry['bus_id'] not in [e['bus_id'] for e in lost]:
                 lost.append(entry)
@@ -581,15 +747,25 @@ class NvidiaSmiBackend(object):
     def snapshot(self):
         """One snapshot of every GPU: one ``--query-gpu`` and one ``--query-compute-apps`` run.
 
-        Drivers older than R510 lack ``memory.reserved``; on "not a valid
-        field" the GPU query is repeated once without it and the smaller field
-        list is kept for later snapshots.
+        Drivers older than R510 lack ``memory.reserved`` (and some lack
+        ``mig.mode.current``); on "not a valid field" the GPU query is repeated
+        without the field named, and the smaller field list is kept for later
+        snapshots.
         """
         calls_before = self.calls
         gpu_result = self._run(self.query_gpu_argv())
-        if gpu_result[0] != 0 and _MSG_INVALID_FIELD in ('%s %s' % (gpu_result[1], gpu_result[2])).lower() \
-                and 'memory.reserved' in self.gpu_fields:
-            self.gpu_fields = GPU_FIELDS_NO_RESERVED
+        for dummy in OPTIONAL_GPU_FIELDS:
+            text = '%s %s' % (gpu_result[1], gpu_result[2])
+            if gpu_result[0] == 0 or _MSG_INVALID_FIELD not in text.lower():
+                break
+            field = invalid_field(text)
+            drop = field if field in OPTIONAL_GPU_FIELDS and field in self.gpu_fields else None
+            if drop is None:
+                # An unnamed rejection: drop the newest optional field first.
+                drop = next((f for f in reversed(OPTIONAL_GPU_FIELDS) if f in self.gpu_fields), None)
+            if drop is None:
+                break
+            self.gpu_fields = tuple(f for f in self.gpu_fields if f != drop)
             gpu_result = self._run(self.query_gpu_argv())
         apps_result = None
         if detect_driver_failure(*gpu_result) is None:
@@ -676,6 +852,21 @@ class NvmlBackend(object):
             'reserved_mib': _bytes_to_mib(getattr(info, 'reserved', None), round_up=True),
         }
 
+    def _mig_mode(self, handle):
+        """``Enabled``/``Disabled`` from ``nvmlDeviceGetMigMode``, None where MIG is not supported."""
+        getter = getattr(self.nvml, 'nvmlDeviceGetMigMode', None)
+        if getter is None:
+            return None
+        try:
+            current = getter(handle)
+        except self.nvml.NVMLError:
+            return None
+        if isinstance(current, (list, tuple)):
+            current = current[0] if current else None
+        if current is None:
+            return None
+        return 'Enabled' if int(current) == 1 else 'Disabled'
+
     def _process_name(self, pid):
         try:
             return _nvml_text(self.nvml.nvmlSystemGetProcessName(pid)), None
@@ -698,7 +889,7 @@ class NvmlBackend(object):
         for index in range(count):
             gpu = {'index': index, 'uuid': None, 'name': None, 'bus_id': None, 'used_mib': None,
                    'reserved_mib': None, 'total_mib': None, 'free_mib': None, 'processes': [],
-                   'unknown_fields': {}, 'lost': False, 'lost_reason': None}
+                   'unknown_fields': {}, 'mig_mode': None, 'lost': False, 'lost_reason': None}
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
             except nvml.NVMLError as exc:
@@ -726,6 +917,7 @@ class NvmlBackend(object):
                 if self._error_value(exc) in (15, 999):
                     gpu['lost'] = True
                     gpu['lost_reason'] = str(exc)
+            gpu['mig_mode'] = self._mig_mode(handle)
             try:
                 procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             except nvml.NVMLError as exc:
@@ -817,19 +1009,30 @@ def parse_selector(value):
 def select_gpus(snapshot, selectors=None):
     """Pick the GPUs named by ``selectors`` (all when empty) from a snapshot.
 
-    Returns ``(gpus, errors)``. A selector that names no answering GPU while
-    nvidia-smi reported lost GPUs yields a lost placeholder entry (the GPU is
-    unreachable, not misspelled); otherwise it is an error naming the GPUs
-    that exist. Each GPU appears once, in index order.
+    Returns ``(gpus, errors)``. A lost GPU never drops out: it is a lost
+    placeholder entry, with its index when nvidia-smi named one (driver 610
+    prints "GPU1: 0000:34:00.0"), so "GPU 1" matches it. A selector that
+    names no answering GPU while nvidia-smi reported lost GPUs without an
+    index yields a lost placeholder too (the GPU is unreachable, not
+    misspelled); otherwise it is an error naming the GPUs that exist. Each GPU
+    appears once, in index order.
     """
     gpus = snapshot.get('gpus', [])
     lost_entries = list(snapshot.get('lost', []))
     # Lost GPUs without a row of their own (nvidia-smi prints a message line
     # instead of a row); NVML lost entries already have a GPU entry.
-    rowless = [e for e in lost_entries
-               if e.get('index') is None and not (e.get('bus_id') and any(g.get('bus_id') == e['bus_id'] for g in gpus))]
+    rowless = []
+    for entry in lost_entries:
+        if entry.get('bus_id') and any(g.get('bus_id') == entry['bus_id'] for g in gpus):
+            continue
+        if entry.get('index') is not None and any(g.get('index') == entry['index'] for g in gpus):
+            continue
+        rowless.append(entry)
     if not selectors:
-        return list(gpus) + [_lost_placeholder(None, e) for e in rowless], []
+        chosen = list(gpus) + [_lost_placeholder(e.get('index'), e) for e in rowless]
+        chosen.sort(key=lambda g: (g.get('index') is None, g.get('index') or 0))
+        return chosen, []
+    unindexed = [e for e in rowless if e.get('index') is None]
     chosen = []
     errors = []
     seen = set()
@@ -850,16 +1053,18 @@ def select_gpus(snapshot, selectors=None):
                 match = gpu
             if match is not None:
                 break
-        if match is None and rowless and (kind != 'index' or key < node_size):
+        if match is None and rowless:
             entry = None
             if kind == 'bus_id':
                 entry = next((e for e in rowless if e.get('bus_id') == key), None)
-            elif len(rowless) == 1:
-                entry = rowless[0]
-            if entry is None:
-                entry = {'bus_id': None, 'reason': '; '.join(
-                    '%s: %s' % (e.get('bus_id') or 'unknown bus id', e.get('reason')) for e in rowless)}
-            match = _lost_placeholder(key if kind == 'index' else None, entry, selector=selector)
+            elif kind == 'index':
+                entry = next((e for e in rowless if e.get('index') == key), None)
+            if entry is None and unindexed and (kind != 'index' or key < node_size) and kind != 'bus_id':
+                entry = unindexed[0] if len(unindexed) == 1 else {'bus_id': None, 'reason': '; '.join(
+                    '%s: %s' % (e.get('bus_id') or 'unknown bus id', e.get('reason')) for e in unindexed)}
+            if entry is not None:
+                index = key if kind == 'index' else entry.get('index')
+                match = _lost_placeholder(index, entry, selector=selector)
         if match is None:
             errors.append('no GPU matches %r (GPUs present: %s)' % (
                 selector, ', '.join('%s %s' % (g.get('index'), g.get('uuid')) for g in gpus) or 'none'))
@@ -880,7 +1085,7 @@ def _lost_placeholder(index, entry, selector=None):
     return {
         'index': index, 'uuid': None, 'name': None, 'bus_id': entry.get('bus_id'),
         'used_mib': None, 'reserved_mib': None, 'total_mib': None, 'free_mib': None,
-        'processes': [], 'unknown_fields': {}, 'lost': True,
+        'processes': [], 'unknown_fields': {}, 'mig_mode': None, 'lost': True,
         'lost_reason': 'did not answer; nvidia-smi reported: %s' % (
             entry.get('reason') if entry.get('bus_id') is None else '%s: %s' % (entry['bus_id'], entry.get('reason'))),
         'selector': selector,
@@ -937,6 +1142,27 @@ def summarize(gpu):
         'free_mib': gpu.get('free_mib'),
         'processes': [dict(p) for p in gpu.get('processes', [])],
         'unknown_fields': dict(gpu.get('unknown_fields', {})),
+        'mig_mode': gpu.get('mig_mode'),
         'lost': bool(gpu.get('lost')),
         'lost_reason': gpu.get('lost_reason'),
     }
+
+
+def mig_enabled(gpu):
+    """True when ``mig.mode.current`` reads Enabled (unknown or Disabled: False)."""
+    return str(gpu.get('mig_mode') or '').strip().lower() == 'enabled'
+
+
+def idle_limit(gpu, max_used_mib, mig_max_used_mib=None):
+    """The most used MiB at which ``gpu`` still counts as idle.
+
+    ``max_used_mib`` for a GPU in normal mode (an idle H100 or H200 reads 0 to
+    4 MiB); the larger of it and ``mig_max_used_mib`` for a GPU in MIG mode,
+    whose instances keep 55-59 MiB in use when idle (H200, driver 590). The
+    collection treats a MIG GPU as one whole GPU: its instances are not
+    selected or judged one by one (docs/reference/nvidia-smi.md, "MIG").
+    """
+    if mig_enabled(gpu):
+        allowance = DEFAULT_MIG_MAX_USED_MIB if mig_max_used_mib is None else mig_max_used_mib
+        return max(int(max_used_mib), int(allowance))
+    return int(max_used_mib)

@@ -82,7 +82,7 @@ def status_dict(node: "_node.Node") -> dict:
     for g in snap["gpus"]:
         gpus.append({k: g.get(k) for k in (
             "index", "uuid", "name", "pci_bus_id", "serial", "total_mib", "reserved_mib",
-            "used_mib", "free_mib", "idle_used_mib", "lost", "lost_mode", "persistence_mode",
+            "used_mib", "free_mib", "idle_used_mib", "mig_mode", "lost", "lost_mode", "lost_reason", "persistence_mode",
             "reset_required", "drain_and_reset_recommended", "overrides")})
     holds = []
     for h in snap["holds"]:
@@ -112,7 +112,8 @@ def cmd_init(a) -> int:
             live = []
     try:
         n = _node.Node.create(root, gpus=a.gpus, model=a.model, reserved_mib=a.reserved_mib,
-                              idle_used_mib=a.idle_used_mib, seed=a.seed)
+                              idle_used_mib=a.idle_used_mib, seed=a.seed, driver_version=a.driver_version,
+                              mig=a.mig)
     except ValueError as e:
         return _die(str(e), 2)
     if live:
@@ -120,7 +121,8 @@ def cmd_init(a) -> int:
                          "(PIDs %s); their memory is no longer counted\n"
                          % (len(live), ", ".join(str(h["pid"]) for h in live)))
     cfg = n.config()
-    print("initialised %d x %s at %s" % (len(cfg["gpus"]), _node.MODELS[a.model]["name"], n.root))
+    print("initialised %d x %s%s (driver %s) at %s" % (len(cfg["gpus"]), _node.MODELS[a.model]["name"],
+                                                     " in MIG mode" if a.mig else "", cfg["driver_version"], n.root))
     return 0
 
 
@@ -195,7 +197,8 @@ def cmd_driver(a) -> int:
 
 def cmd_lose(a) -> int:
     try:
-        _node_from_env().lose(a.gpu, a.mode)
+        _node_from_env().lose(a.gpu, a.mode, {"unknown": _node.LOST_REASONS[0], "not-found": _node.LOST_REASONS[1],
+                                              "gpu-is-lost": _node.LOST_REASONS[2]}[a.reason])
     except ValueError as e:
         return _die(str(e), 2)
     return 0
@@ -254,8 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("init", help="(re)initialise the node: wipes every hold")
     s.add_argument("--gpus", type=_nonneg_int, required=True, help="number of GPUs")
     s.add_argument("--model", choices=sorted(_node.MODELS), required=True)
-    s.add_argument("--reserved-mib", type=_nonneg_int, default=_node.DEFAULT_RESERVED_MIB)
-    s.add_argument("--idle-used-mib", type=_nonneg_int, default=_node.DEFAULT_IDLE_USED_MIB)
+    s.add_argument("--reserved-mib", type=_nonneg_int, default=None,
+                   help="default: what the model shows on the driver (H200 614 MiB on 590.48.01, 616 on "
+                        "580.173.02, 530 otherwise; H100 479)")
+    s.add_argument("--idle-used-mib", type=_nonneg_int, default=None,
+                   help="default: 0 MiB from driver 580 on, 1 MiB before; 55-59 MiB with --mig")
+    s.add_argument("--driver-version", choices=sorted(_node.DRIVERS), default=_node.DRIVER_VERSION,
+                   help="the driver branch nvidia-smi behaves like (default %(default)s)")
+    s.add_argument("--mig", action="store_true", help="every GPU in MIG mode (treated as whole GPUs)")
     s.add_argument("--seed", help="UUID/serial seed (default: the root's real path)")
     s.set_defaults(fn=cmd_init)
 
@@ -304,13 +313,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_release)
 
     s = sub.add_parser("driver", help="driver fault injection")
-    s.add_argument("state", choices=["load", "unload", "nolib", "mismatch"])
+    s.add_argument("state", choices=["load", "unload", "nolib", "mismatch", "nosupported", "nvml_unknown"])
     s.set_defaults(fn=cmd_driver)
 
     s = sub.add_parser("lose", help="a GPU falls off the bus (Xid 79)")
     s.add_argument("--gpu", type=_nonneg_int, required=True)
     s.add_argument("--mode", choices=list(_node.LOST_MODES), default="handle",
                    help="handle: no device handle (default); fields: values read [GPU is lost]")
+    s.add_argument("--reason", choices=["unknown", "not-found", "gpu-is-lost"], default="unknown",
+                   help="the NVML error text after the bus id (default: Unknown Error)")
     s.set_defaults(fn=cmd_lose)
 
     s = sub.add_parser("recover", help="bring a lost GPU back")
@@ -328,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu", type=_nonneg_int, required=True)
     s.add_argument("--attr", required=True,
                    choices=["persistence_mode", "reset_required", "drain_and_reset_recommended",
-                            "idle_used_mib", "reserved_mib"])
+                            "idle_used_mib", "reserved_mib", "mig_mode", "pci_bus_id"])
     s.add_argument("--value", required=True)
     s.set_defaults(fn=cmd_set)
 

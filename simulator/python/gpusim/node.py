@@ -1,7 +1,9 @@
 """The simulated GPU node: state under ``$GPUSIM_ROOT`` and its rules.
 
 Contract: docs/design.md, section "Simulator state (GPUSIM_ROOT)".
-Ground truth for behaviour: ../shared/docs/nvidia-smi.md (cited as §N).
+Ground truth for behaviour: real captures (tests/captures/nvidia-smi/, named
+in its manifest.json) and docs/reference/nvidia-smi.md; ../shared/docs/nvidia-smi.md
+(cited as §N) where no capture exists.
 
 Layout::
 
@@ -31,8 +33,33 @@ ROOT_ENV = "GPUSIM_ROOT"
 DRIVER_VERSION = "535.261.03"
 NVML_VERSION = "535.261"
 CUDA_VERSION = "12.2"
-DRIVER_STATES = ("loaded", "unloaded", "nolib", "mismatch")
+# Driver branches the simulator can be, with what their nvidia-smi prints that
+# differs (docs/reference/nvidia-smi.md, "Versions"): the CUDA version in the
+# banner, and from 610 on the banner's "KMD Version" / "CUDA UMD Version".
+DRIVERS = {
+    "515.43.04": {"cuda": "11.7", "nvml": "515.43"},
+    "520.61.05": {"cuda": "11.8", "nvml": "520.61"},
+    "535.261.03": {"cuda": "12.2", "nvml": "535.261"},
+    "550.90.07": {"cuda": "12.4", "nvml": "550.90"},
+    "580.173.02": {"cuda": "13.0", "nvml": "580.173"},
+    "590.48.01": {"cuda": "13.1", "nvml": "590.48"},
+    "610.57.04": {"cuda": "13.3", "nvml": "610.57"},
+}
+# loaded: normal; unloaded: rc 9; nolib: rc 12; mismatch: rc 18;
+# nosupported: "Failed to initialize NVML: No supported GPUs were found" (rc 255);
+# nvml_unknown: "Failed to initialize NVML: Unknown Error" (rc 255).
+DRIVER_STATES = ("loaded", "unloaded", "nolib", "mismatch", "nosupported", "nvml_unknown")
 LOST_MODES = ("handle", "fields")
+# The NVML error text after a lost GPU's bus id (captures: Unknown Error after
+# Xid 79, Not Found, GPU is lost).
+LOST_REASONS = ("Unknown Error", "Not Found", "GPU is lost.  Reboot the system to recover this GPU")
+
+
+def driver_major(version) -> int:
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return 0
 
 # nvidia-smi.md §1.2: totals and names of common parts.
 MODELS = {
@@ -43,6 +70,23 @@ MODELS = {
 }
 DEFAULT_RESERVED_MIB = 530
 DEFAULT_IDLE_USED_MIB = 1  # §3.1: 0, 1 or 4 MiB on an idle H200
+
+# Reserved memory per model and driver, as idle GPUs report it
+# (docs/reference/nvidia-smi.md, "Idle baselines"): an H200 reads 614 MiB on
+# 590.48.01 and 616 MiB on 580.173.02, an H100 479 MiB. Other H200 drivers keep
+# the simulator's historical 530 MiB (no capture names a figure for them).
+RESERVED_MIB = {("H200", "590.48.01"): 614, ("H200", "580.173.02"): 616, ("H100", None): 479, ("H200", None): 530}
+# With MIG enabled an idle GPU reads 55-59 MiB used (H200, 590.48.01).
+MIG_IDLE_USED_MIB = (55, 59)
+
+
+def preset_reserved_mib(model: str, driver_version: str) -> int:
+    return RESERVED_MIB.get((model, driver_version), RESERVED_MIB.get((model, None), DEFAULT_RESERVED_MIB))
+
+
+def preset_idle_used_mib(driver_version: str) -> int:
+    """0 MiB on an idle GPU of driver 580 and later (H200, 590.48.01), 1 MiB before (H100, 550.90.07)."""
+    return 0 if driver_major(driver_version) >= 580 else DEFAULT_IDLE_USED_MIB
 
 # PCI buses of the eight GPUs of a typical HGX H100/H200 baseboard.
 HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -221,9 +265,14 @@ class Node:
 
     @classmethod
     def create(cls, root: str, gpus: int = 8, model: str = "H200",
-               reserved_mib: int = DEFAULT_RESERVED_MIB,
-               idle_used_mib: int = DEFAULT_IDLE_USED_MIB, seed=None) -> "Node":
+               reserved_mib=None, idle_used_mib=None, seed=None,
+               driver_version: str = DRIVER_VERSION, mig: bool = False) -> "Node":
         """(Re)initialise a node: ``gpusim init``.
+
+        ``reserved_mib`` and ``idle_used_mib`` default to the figures real
+        GPUs of ``model`` show on ``driver_version`` (``RESERVED_MIB``,
+        :func:`preset_idle_used_mib`); with ``mig`` every GPU is in MIG mode
+        and shows 55-59 MiB used when idle.
 
         Re-initialising wipes every hold record (the holder processes are not
         signalled; their memory simply stops being counted), clears overrides,
@@ -233,9 +282,15 @@ class Node:
 
         if model not in MODELS:
             raise ValueError("unknown GPU model %r (known: %s)" % (model, ", ".join(sorted(MODELS))))
+        if driver_version not in DRIVERS:
+            raise ValueError("unknown driver version %r (known: %s)" % (driver_version, ", ".join(sorted(DRIVERS))))
         if gpus < 0 or gpus > 64:
             raise ValueError("--gpus must be between 0 and 64, got %d" % gpus)
         spec = MODELS[model]
+        if reserved_mib is None:
+            reserved_mib = preset_reserved_mib(model, driver_version)
+        base_idle = preset_idle_used_mib(driver_version) if idle_used_mib is None else int(idle_used_mib)
+        idle_used_mib = base_idle
         if reserved_mib < 0 or idle_used_mib < 0 or reserved_mib + idle_used_mib >= spec["total_mib"]:
             raise ValueError("reserved (%d MiB) + idle used (%d MiB) must be >= 0 and below the "
                              "total of %d MiB" % (reserved_mib, idle_used_mib, spec["total_mib"]))
@@ -249,18 +304,23 @@ class Node:
             bus = HGX_BUSES[i] if i < len(HGX_BUSES) else (0xE0 + i - len(HGX_BUSES)) & 0xFF
             domain = 0 if i < 32 else 1
             serial = "1654%09d" % (int(h[32:44], 16) % 10 ** 9)
+            idle = base_idle
+            if mig:
+                low, high = MIG_IDLE_USED_MIB
+                idle = low + int(h[44:48], 16) % (high - low + 1)
             gpu_list.append({
                 "index": i, "uuid": uuid, "name": spec["name"],
                 "pci_bus_id": "%08X:%02X:%02X.0" % (domain, bus, 0),
                 "serial": serial,
                 "total_mib": spec["total_mib"], "reserved_mib": int(reserved_mib),
-                "idle_used_mib": int(idle_used_mib),
-                "lost": False, "lost_mode": "handle",
+                "idle_used_mib": int(idle),
+                "mig_mode": "Enabled" if mig else "Disabled",
+                "lost": False, "lost_mode": "handle", "lost_reason": LOST_REASONS[0],
                 "persistence_mode": "Enabled", "reset_required": "No",
                 "drain_and_reset_recommended": "No",
                 "overrides": {},
             })
-        data = {"model": model, "driver": "loaded", "driver_version": DRIVER_VERSION,
+        data = {"model": model, "driver": "loaded", "driver_version": driver_version,
                 "pci_device_id": spec["pci_device_id"], "power_limit_w": spec["power_limit_w"],
                 "seed": seed, "created_at": time.time(), "gpus": gpu_list}
         os.makedirs(node.holds_dir, exist_ok=True)
@@ -728,17 +788,21 @@ class Node:
             raise ValueError("driver state must be one of %s, got %r" % (", ".join(DRIVER_STATES), state))
         self._update_node(lambda n: n.__setitem__("driver", state))
 
-    def lose(self, gpu, mode: str = "handle") -> None:
+    def lose(self, gpu, mode: str = "handle", reason: str = LOST_REASONS[0]) -> None:
         """GPU fell off the bus (Xid 79).  ``mode``: ``handle`` (nvidia-smi
         cannot get a device handle: "Unable to determine the device handle")
-        or ``fields`` (handle works, values read ``[GPU is lost]``)."""
+        or ``fields`` (handle works, values read ``[GPU is lost]``);
+        ``reason``: the NVML error text after the bus id."""
         if mode not in LOST_MODES:
             raise ValueError("lost mode must be one of %s" % ", ".join(LOST_MODES))
+        if reason not in LOST_REASONS:
+            raise ValueError("lost reason must be one of %s" % "; ".join(LOST_REASONS))
 
         def fn(node):
             g = self._gpu(node, gpu)
             g["lost"] = True
             g["lost_mode"] = mode
+            g["lost_reason"] = reason
         self._update_node(fn)
 
     def recover(self, gpu) -> None:
@@ -762,7 +826,19 @@ class Node:
     def set_gpu_attr(self, gpu, key: str, value) -> None:
         """Set a stored GPU attribute (persistence_mode, reset_required, ...)."""
         allowed = ("persistence_mode", "reset_required", "drain_and_reset_recommended",
-                   "idle_used_mib", "reserved_mib")
+                   "idle_used_mib", "reserved_mib", "mig_mode", "pci_bus_id")
+        if key == "mig_mode" and value not in ("Enabled", "Disabled"):
+            raise ValueError("mig_mode must be Enabled or Disabled")
+        if key == "pci_bus_id":
+            parts = str(value).split(":")
+            try:
+                ok = len(parts) == 3 and len(parts[0]) == 8 and int(parts[0], 16) >= 0 \
+                    and int(parts[1], 16) >= 0 and int(parts[2].split(".")[0], 16) >= 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError("pci_bus_id must look like 00000000:18:00.0, got %r" % value)
+            value = str(value).upper()
         if key not in allowed:
             raise ValueError("attribute must be one of %s" % ", ".join(allowed))
         self._update_node(lambda n: self._gpu(n, gpu).__setitem__(key, value))
@@ -776,4 +852,4 @@ def pid_for_display(hold: dict, container: bool = False) -> int:
 
 
 __all__ = ["Node", "SimError", "DriverError", "GpuLost", "OutOfMemory", "GpuInUse",
-           "MODELS", "DRIVER_VERSION", "PID_NS_OFFSET", "evaluate", "pid_for_display"]
+           "MODELS", "DRIVER_VERSION", "DRIVERS", "PID_NS_OFFSET", "evaluate", "pid_for_display"]

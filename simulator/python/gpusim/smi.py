@@ -1,8 +1,12 @@
-"""Fake ``nvidia-smi`` 535.261.03 backed by the simulated node.
+"""Fake ``nvidia-smi`` backed by the simulated node (driver 535.261.03 by default,
+or the branch ``gpusim init --driver-version`` names).
 
-Every literal string and exit code follows ../shared/docs/nvidia-smi.md
-(cited "§N"); where the doc marks a fact [unconfirmed] the comment says so.
-Imports are kept to the bare minimum: this runs on every poll.
+Where a public capture exists (tests/captures/nvidia-smi/, sources in its
+manifest.json) the output follows it byte for byte and a golden test
+compares the two; elsewhere the literal strings and exit codes follow
+../shared/docs/nvidia-smi.md (cited "§N"), and a fact it marks
+[unconfirmed] says so here. Imports are kept to the bare minimum: this runs
+on every poll.
 """
 from __future__ import annotations
 
@@ -23,13 +27,21 @@ LIBRARY_MISSING = (
 RC_LIBRARY = 12
 # §1.5: "Failed to initialize NVML: %s" + "NVML library version: %d.%02d"; rc 18 [reported].
 VERSION_MISMATCH = ("Failed to initialize NVML: Driver/library version mismatch\n"
-                    "NVML library version: %s\n" % _node.NVML_VERSION)
+                    "NVML library version: %s\n")
 RC_MISMATCH = 18
+# Captures nvml-unknown-error.txt (gpustack#2078: stdout, rc 255) and
+# nvml-no-supported-gpus.txt (issue 14; the stream is unconfirmed).
+NVML_UNKNOWN = "Failed to initialize NVML: Unknown Error\n"
+NVML_NO_SUPPORTED = "Failed to initialize NVML: No supported GPUs were found\nUnable to determine the number of GPUs\n"
+RC_NVML_INIT = 255
 
 # Argument errors: rc 2 per the man page (§1.6); for unknown fields the rc is
 # [unconfirmed] (§1.1).  The trailing empty line mirrors the driver message
 # layout [unconfirmed for these messages].
 INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n\n"
+# Capture option-not-recognized.txt: an option nvidia-smi does not know at all.
+# The trailing empty line and rc 2 follow the other argument errors [unconfirmed].
+OPTION_UNKNOWN = "ERROR: Option %s is not recognized. Please run 'nvidia-smi -h' for help.\n\n"
 FORMAT_MANDATORY = "Format modifier --format=csv is mandatory.\n\n"       # §1.5 [verified string]
 FORMAT_UNKNOWN = "Format modifier is not recognized.\n\n"                 # §1.5 [verified string]
 FIELD_INVALID = 'Field "%s" is not a valid field to query.\n\n'            # §1.5 [verified string]
@@ -38,14 +50,24 @@ RC_ARGS = 2
 # "object query failed" (§1.6) [unconfirmed].
 NO_DEVICES = "No devices were found\n"
 RC_NOT_FOUND = 6
-# §1.7: "Unable to determine the device handle for GPU %s: %s" [verified];
-# text after Xid 79 is "Unknown Error" [reported]; rc 15 [unconfirmed].
-HANDLE_ERROR = "Unable to determine the device handle for GPU %s: Unknown Error\n"
+# The lost-GPU line in its real spellings (captures lost-*.txt): driver 610
+# prints the index and a four-digit PCI domain ("for GPU1: 0000:34:00.0:"),
+# drivers from 525 "for GPU0000:65:00.0:" and older ones "for GPU 0000:0B:00.0:";
+# the NVML error text follows (Unknown Error after Xid 79, Not Found, GPU is
+# lost). rc 15 [unconfirmed].
+HANDLE_ERROR_INDEX = "Unable to determine the device handle for GPU%d: %s: %s\n"
+HANDLE_ERROR_NOSPACE = "Unable to determine the device handle for GPU%s: %s\n"
+HANDLE_ERROR_SPACE = "Unable to determine the device handle for GPU %s: %s\n"
 RC_LOST = 15
-# §1.8 reset.  Refusal: "GPU %s is currently in use by another process."
-# [verified string]; the explanatory paragraph and rc 255 are as reported for
-# a newer driver (NVIDIA/NVSentinel#1690) [unconfirmed on 535].
+# §1.8 reset.  Refusal, older drivers (capture reset-in-use-process-old.txt,
+# gpu-operator#118): "GPU %s is currently in use by another process." and the
+# paragraph; newer drivers (capture reset-in-use-client.txt, rc 255 per
+# NVSentinel#1690): an empty line, "The following GPUs could not be reset:",
+# one "  GPU %s: In use by another client" line per GPU, then the paragraph.
+# Which driver switched is not known; the simulator uses the new form from 550.
 RESET_IN_USE = "GPU %s is currently in use by another process.\n"
+RESET_IN_USE_NEW = "\nThe following GPUs could not be reset:\n%s\n"
+RESET_NEW_FROM = 550
 RESET_IN_USE_TAIL = (
     "\n%d device%s currently being used by one or more other processes (e.g., Fabric Manager, "
     "CUDA application, graphics application such as an X server, or a monitoring application "
@@ -103,6 +125,10 @@ def _mem(key):
     return lambda g, ctx: g[key]
 
 
+def _mig(g):
+    return g.get("mig_mode") == "Enabled"
+
+
 GPU_FIELDS = {
     # canonical name: (unit or None, getter, survives a "fields"-mode lost GPU)
     "timestamp": (None, lambda g, ctx: ctx["timestamp"], True),
@@ -119,8 +145,8 @@ GPU_FIELDS = {
     "pci.device_id": (None, lambda g, ctx: ctx["node"].get("pci_device_id", "0x233510DE"), True),
     "persistence_mode": (None, lambda g, ctx: g.get("persistence_mode", "Enabled"), False),
     "compute_mode": (None, lambda g, ctx: "Default", False),
-    "mig.mode.current": (None, lambda g, ctx: "Disabled", False),
-    "mig.mode.pending": (None, lambda g, ctx: "Disabled", False),
+    "mig.mode.current": (None, lambda g, ctx: g.get("mig_mode", "Disabled"), False),
+    "mig.mode.pending": (None, lambda g, ctx: g.get("mig_mode", "Disabled"), False),
     "reset_status.reset_required": (None, lambda g, ctx: g.get("reset_required", "No"), False),
     "reset_status.drain_and_reset_recommended": (
         None, lambda g, ctx: g.get("drain_and_reset_recommended", "No"), False),
@@ -128,8 +154,9 @@ GPU_FIELDS = {
     "memory.reserved": ("MiB", _mem("reserved_mib"), False),
     "memory.used": ("MiB", _mem("used_mib"), False),
     "memory.free": ("MiB", _mem("free_mib"), False),
-    "utilization.gpu": ("%", lambda g, ctx: 0, False),
-    "utilization.memory": ("%", lambda g, ctx: 0, False),
+    # With MIG enabled the whole GPU has no utilisation figure: [N/A].
+    "utilization.gpu": ("%", lambda g, ctx: "[N/A]" if _mig(g) else 0, False),
+    "utilization.memory": ("%", lambda g, ctx: "[N/A]" if _mig(g) else 0, False),
     "temperature.gpu": (None, lambda g, ctx: "32", False),
     "power.draw": ("W", lambda g, ctx: "%.2f" % (69.5 + (0 if g["used_mib"] <= g["idle_used_mib"] else 48.3)), False),
     "power.limit": ("W", lambda g, ctx: "%.2f" % ctx["node"].get("power_limit_w", 700), False),
@@ -177,7 +204,7 @@ def parse_args(argv):
             name, val = a.split("=", 1)
             key = VALUE_LONG.get(name)
             if key is None:
-                raise Usage(INVALID_ARGS)
+                raise Usage(OPTION_UNKNOWN % a)
         elif a in VALUE_LONG or a == "-i":
             key = "id" if a == "-i" else VALUE_LONG[a]
             if i + 1 >= len(argv):
@@ -194,7 +221,7 @@ def parse_args(argv):
             raise Usage("gpusim: nvidia-smi option %r is not simulated (see simulator/README.md)\n"
                         % a, RC_ARGS)
         else:
-            raise Usage(INVALID_ARGS)
+            raise Usage(OPTION_UNKNOWN % a)
         if key in opts:
             raise Usage(INVALID_ARGS)
         opts[key] = val
@@ -293,8 +320,9 @@ def _timestamp():
 
 
 class Out:
-    def __init__(self, env=None):
+    def __init__(self, env=None, driver_version=_node.DRIVER_VERSION):
         self.env = os.environ if env is None else env
+        self.driver_version = driver_version
         self.chunks = []
         self.err = []
         self.rc = 0
@@ -303,10 +331,27 @@ class Out:
         self.chunks.append(s)
 
 
+def short_bus_id(bus):
+    """``00000000:18:00.0`` -> ``0000:18:00.0``: the four-digit domain the lost-GPU line prints."""
+    domain, _sep, rest = bus.partition(":")
+    return "%04X:%s" % (int(domain, 16), rest)
+
+
+def lost_line(g, driver_version):
+    major = _node.driver_major(driver_version)
+    bus = short_bus_id(g["pci_bus_id"])
+    reason = g.get("lost_reason") or _node.LOST_REASONS[0]
+    if major >= 610:
+        return HANDLE_ERROR_INDEX % (g["index"], bus, reason)
+    if major >= 525:
+        return HANDLE_ERROR_NOSPACE % (bus, reason)
+    return HANDLE_ERROR_SPACE % (bus, reason)
+
+
 def _lost_lines(out, lost):
     stream = out.env.get("GPUSIM_SMI_LOST_STREAM", "stdout")
     for g in lost:
-        line = HANDLE_ERROR % g["pci_bus_id"]
+        line = lost_line(g, out.driver_version)
         (out.err if stream == "stderr" else out.chunks).append(line)
     if lost:
         out.rc = RC_LOST
@@ -409,59 +454,72 @@ def _cell(text, width, right=False):
     return text.rjust(width) if right else text.ljust(width)
 
 
+def _gpu_name_cell(name):
+    return name if len(name) <= 27 else name[:24] + "..."
+
+
 def table(out, snap, sel):
-    """The default boxed table (535 layout, §1.10)."""
+    """The default boxed table, in the layout the captures show (table-*.txt): 89
+    columns inside the frame; below 580 the line under the banner starts with
+    "|", from 580 on with "+"; from 610 the banner reads "KMD Version" and
+    "CUDA UMD Version", and a lost GPU's line comes before a table of the GPUs
+    that still answer (before 610 the summary prints only the lost lines
+    [reported])."""
     ok, lost = _split_lost(sel)
-    if lost:  # a broken GPU makes the summary print only the handle errors [reported]
-        _lost_lines(out, lost)
-        return
     node = snap["node"]
     ver = node.get("driver_version", _node.DRIVER_VERSION)
-    border = "+" + "-" * 87 + "+"
-    sep = "|" + "-" * 41 + "+" + "-" * 22 + "+" + "-" * 22 + "+"
-    mid = "+" + "-" * 41 + "+" + "-" * 22 + "+" + "-" * 22 + "+"
+    major = _node.driver_major(ver)
+    cuda = _node.DRIVERS.get(ver, {}).get("cuda", _node.CUDA_VERSION)
+    if lost:
+        _lost_lines(out, lost)
+        if major < 610:
+            return
+    border = "+" + "-" * 89 + "+"
+    cells = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
     now = time.localtime()
-    out.w(time.strftime("%a %b ", now) + "%2d" % now.tm_mday
-          + time.strftime(" %H:%M:%S %Y", now) + "       \n")
+    out.w(time.strftime("%a %b ", now) + "%2d" % now.tm_mday + time.strftime(" %H:%M:%S %Y", now) + "       \n")
     out.w(border + "\n")
-    out.w("| NVIDIA-SMI %-22s Driver Version: %-12s CUDA Version: %-9s|\n"
-          % (ver, ver, _node.CUDA_VERSION))
-    out.w(sep + "\n")
-    out.w("| GPU  Name                 Persistence-M | Bus-Id        Disp.A | Volatile Uncorr. ECC |\n")
-    out.w("| Fan  Temp   Perf          Pwr:Usage/Cap |         Memory-Usage | GPU-Util  Compute M. |\n")
-    out.w("|                                         |                      |               MIG M. |\n")
-    out.w("|" + "=" * 41 + "+" + "=" * 22 + "+" + "=" * 22 + "|\n")
+    if major >= 610:
+        out.w("| NVIDIA-SMI %-23sKMD Version: %-14sCUDA UMD Version: %-9s|\n" % (ver, ver, cuda))
+    else:
+        out.w("| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|\n" % (ver, ver, cuda))
+    out.w(("|" + cells[1:] if major < 580 else cells) + "\n")
+    out.w("| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n")
+    out.w("| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n")
+    out.w("|                                         |                        |               MIG M. |\n")
+    out.w("|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|\n")
     for g in ok:
-        name = g["name"] if len(g["name"]) <= 25 else g["name"][:22] + "..."
         pm = "On" if g.get("persistence_mode", "Enabled") == "Enabled" else "Off"
-        left = (" %3d  %s" % (g["index"], name)).ljust(35) + pm.rjust(4) + "  "
-        out.w("|%s| %s Off | %20s |\n" % (left, g["pci_bus_id"], "0"))
+        out.w("|%4d  %-29s%4s  |   %-16s %3s | %20s |\n" % (g["index"], _gpu_name_cell(g["name"]), pm,
+                                                              g["pci_bus_id"], "Off", "0"))
         if g.get("lost"):
-            mem, temp, power = "ERR!", "ERR!", "ERR! / ERR!"
+            fan, temp, perf, power, mem, util = "ERR!", "ERR!", "ERR!", "ERR! /  ERR!", "ERR!", "ERR!"
+            out.w("|%4s%6s%6s%24s |%23s | %7s%13s |\n" % (fan, temp, perf, power, mem, util, "Default"))
         else:
-            mem = "%dMiB / %dMiB" % (g["used_mib"], g["total_mib"])
-            temp = "32C"
             busy = g["used_mib"] > g["idle_used_mib"]
-            power = "%dW / %dW" % (118 if busy else 70, node.get("power_limit_w", 700))
-        out.w("| N/A  %4s    P0%24s | %20s | %7s      Default |\n" % (temp, power, mem, "0%"))
-        out.w("|                                         |                      |             Disabled |\n")
-        out.w(mid + "\n")
-    out.w(" " * 89 + "\n")
+            util = "N/A" if _mig(g) else "0%"
+            out.w("| %3s%6s%6s%16s / %4sW |%11s / %9s | %7s%13s |\n" % (
+                "N/A", "32C", "P0", "%dW" % (118 if busy else 70), node.get("power_limit_w", 700),
+                "%dMiB" % g["used_mib"], "%dMiB" % g["total_mib"], util, "Default"))
+        out.w("|                                         |                        | %20s |\n" % (
+            g.get("mig_mode", "Disabled")))
+        out.w(cells + "\n")
+    out.w(("" if major >= 610 else " " * 89) + "\n")
     out.w(border + "\n")
-    out.w("| Processes:" + " " * 76 + "|\n")
-    out.w("|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |\n")
-    out.w("|        ID   ID                                                             Usage      |\n")
-    out.w("|" + "=" * 87 + "|\n")
+    out.w("| Processes:" + " " * 78 + "|\n")
+    out.w("|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |\n")
+    out.w("|        ID   ID                                                               Usage      |\n")
+    out.w("|" + "=" * 89 + "|\n")
     rows = [r for r in process_rows(snap, [g for g in ok if not g.get("lost")], out.env)
             if not r["hidden"]]
     if not rows:
-        out.w("|  No running processes found" + " " * 59 + "|\n")
+        out.w("|  No running processes found" + " " * 61 + "|\n")
     for r in rows:
         name = r["name"]
-        if len(name) > 39:
-            name = "..." + name[-36:]
+        if len(name) > 37:
+            name = "..." + name[-34:]
         mem = "N/A" if r["na"] else "%dMiB" % r["mib"]
-        out.w("|%5d   N/A  N/A%10d      C   %-39s%11s |\n" % (r["gpu"]["index"], r["pid"], name, mem))
+        out.w("|%5d   N/A  N/A%16d      C   %-37s%9s |\n" % (r["gpu"]["index"], r["pid"], name, mem))
     out.w(border + "\n")
 
 
@@ -482,8 +540,11 @@ def reset(out, snap, sel, all_selected, node_obj):
         node_obj.reset([g["index"] for g in sel])
     except _node.GpuInUse as e:
         busy = [g for g in sel if g["index"] in e.gpus]
-        for g in busy:
-            out.w(RESET_IN_USE % g["pci_bus_id"])
+        if _node.driver_major(out.driver_version) >= RESET_NEW_FROM:
+            out.w(RESET_IN_USE_NEW % "\n".join("  GPU %s: In use by another client" % g["pci_bus_id"] for g in busy))
+        else:
+            for g in busy:
+                out.w(RESET_IN_USE % g["pci_bus_id"])
         n = len(busy)
         out.w(RESET_IN_USE_TAIL % (n, " is" if n == 1 else "s are"))
         out.rc = RC_RESET_IN_USE
@@ -508,26 +569,33 @@ def run(argv, env=None):
     else:
         node_obj = _node.Node(root)
         try:
-            state = node_obj.driver_state()
+            cfg = node_obj.config()
+            state = cfg.get("driver", "loaded")
         except _node.DriverError as e:
             hint = "gpusim: %s\n" % e
     if state is None:
         return RC_LIBRARY, LIBRARY_MISSING, hint
+    version = cfg.get("driver_version", _node.DRIVER_VERSION)
     # On 535 the driver check runs before argument validation (§1.5).
     if state == "unloaded":
         return RC_DRIVER, DRIVER_FAILURE, ""
     if state == "nolib":
         return RC_LIBRARY, LIBRARY_MISSING, ""
     if state == "mismatch":
-        return RC_MISMATCH, VERSION_MISMATCH, ""
-    out = Out(env)
+        return RC_MISMATCH, VERSION_MISMATCH % _node.DRIVERS.get(version, {}).get("nvml", _node.NVML_VERSION), ""
+    if state == "nvml_unknown":
+        return RC_NVML_INIT, NVML_UNKNOWN, ""
+    if state == "nosupported":
+        return RC_NVML_INIT, NVML_NO_SUPPORTED, ""
+    out = Out(env, driver_version=version)
     try:
         opts = parse_args(argv)
         if opts.get("version"):
+            info = _node.DRIVERS.get(version, {})
             return 0, ("\nNVIDIA-SMI version  : %s\nNVML version        : %s\n"
                        "DRIVER version      : %s\nCUDA Version        : %s\n\n"
-                       % (_node.DRIVER_VERSION, _node.NVML_VERSION, _node.DRIVER_VERSION,
-                          _node.CUDA_VERSION)), ""
+                       % (version, info.get("nvml", _node.NVML_VERSION), version,
+                          info.get("cuda", _node.CUDA_VERSION))), ""
         if opts.get("help_gpu"):
             return 0, "".join("%s\n" % f for f in GPU_FIELDS), ""
         if opts.get("help_apps"):

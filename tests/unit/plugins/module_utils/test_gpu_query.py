@@ -24,13 +24,13 @@ RC12_STDOUT = ("NVIDIA-SMI couldn't find libnvidia-ml.so library in your system.
 RC18_STDOUT = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 535.261\n"
 
 GPU_HEADER_UNITS = ("index, uuid, pci.bus_id, memory.total [MiB], memory.reserved [MiB], memory.used [MiB], "
-                    "memory.free [MiB], name")
+                    "memory.free [MiB], mig.mode.current, name")
 
 
-def gpu_row(index, uuid, bus, total, reserved, used, free, name, units=True):
+def gpu_row(index, uuid, bus, total, reserved, used, free, name, units=True, mig="Disabled"):
     def v(x):
         return "%s MiB" % x if units and not str(x).startswith("[") and x != "N/A" else str(x)
-    return ", ".join([str(index), uuid, bus, v(total), v(reserved), v(used), v(free), name])
+    return ", ".join([str(index), uuid, bus, v(total), v(reserved), v(used), v(free), mig, name])
 
 
 def smi_gpu_output(rows, header=True, units=True):
@@ -110,7 +110,7 @@ def test_query_gpu_with_header_and_units():
     assert gpus[0] == {
         "index": 0, "uuid": UUID0, "name": "NVIDIA H200", "bus_id": "00000000:18:00.0",
         "used_mib": 70001, "reserved_mib": 530, "total_mib": 143771, "free_mib": 73240,
-        "processes": [], "unknown_fields": {}, "lost": False, "lost_reason": None,
+        "processes": [], "unknown_fields": {}, "mig_mode": "Disabled", "lost": False, "lost_reason": None,
     }
     # total = reserved + used + free (§1.2): free is not total - used
     assert gpus[1]["total_mib"] == gpus[1]["reserved_mib"] + gpus[1]["used_mib"] + gpus[1]["free_mib"]
@@ -127,7 +127,8 @@ def test_query_gpu_nounits_and_noheader(header, units):
 
 def test_header_order_is_followed():
     text = ("memory.used [MiB], index, uuid, pci.bus_id, memory.total [MiB], memory.reserved [MiB], memory.free [MiB], "
-            "name\n5 MiB, 3, %s, 00000000:5D:00.0, 81559 MiB, 326 MiB, 81228 MiB, NVIDIA H100 80GB HBM3\n" % UUID0)
+            "mig.mode.current, name\n5 MiB, 3, %s, 00000000:5D:00.0, 81559 MiB, 326 MiB, 81228 MiB, Disabled, "
+            "NVIDIA H100 80GB HBM3\n" % UUID0)
     rows, anomalies = gq.parse_csv(text, gq.GPU_FIELDS)
     assert anomalies == [] and len(rows) == 1
     assert rows[0]["index"] == "3" and rows[0]["memory.used"] == "5 MiB"
@@ -250,7 +251,7 @@ def test_lost_gpu_line_marks_only_that_gpu():
     snap = gq.snapshot_from_outputs((15, text, ""), (15, text.splitlines()[0] + "\n", ""))
     assert snap["driver"]["ok"] is True
     assert [g["index"] for g in snap["gpus"]] == [0, 1]
-    assert snap["lost"] == [{"bus_id": "00000000:5D:00.0", "reason": "Unknown Error"}]
+    assert snap["lost"] == [{"bus_id": "00000000:5D:00.0", "reason": "Unknown Error", "index": None}]
     chosen, errors = gq.select_gpus(snap)
     assert errors == []
     assert [g["lost"] for g in chosen] == [False, False, True]
@@ -268,7 +269,7 @@ def test_lost_line_variants(line, bus):
 
 def test_bare_gpu_is_lost_message():
     lost = gq.parse_lost_lines("GPU is lost.  Reboot the system to recover this GPU\n")
-    assert lost == [{"bus_id": None, "reason": "GPU is lost.  Reboot the system to recover this GPU"}]
+    assert lost == [{"bus_id": None, "reason": "GPU is lost.  Reboot the system to recover this GPU", "index": None}]
 
 
 def test_lost_line_on_stderr_is_seen():
@@ -366,7 +367,7 @@ def test_gpu_label_and_summarize():
     assert gq.gpu_label({}) == "GPU ?"
     summary = gq.summarize(_snap()["gpus"][0])
     assert set(summary) == {"index", "uuid", "name", "bus_id", "used_mib", "reserved_mib", "total_mib", "free_mib",
-                            "processes", "unknown_fields", "lost", "lost_reason"}
+                            "processes", "unknown_fields", "mig_mode", "lost", "lost_reason"}
 
 
 # ---------------------------------------------------------------------------
@@ -399,7 +400,7 @@ def test_nvidia_smi_backend_makes_two_calls_for_all_gpus():
 
 def test_nvidia_smi_backend_falls_back_without_memory_reserved():
     # index, uuid, pci.bus_id, memory.total, memory.used, memory.free, name (no header, nounits)
-    old = "".join("%d, %s, %s, %d, %d, %d, %s\n" % (r[0], r[1], r[2], r[3], r[5], r[6], r[7]) for r in TWO_GPUS)
+    old = "".join("%d, %s, %s, %d, %d, %d, Disabled, %s\n" % (r[0], r[1], r[2], r[3], r[5], r[6], r[7]) for r in TWO_GPUS)
     runner = FakeRunner([(2, 'Field "memory.reserved" is not a valid field to query.\n\n', ""),
                          (0, old, ""), (0, "", ""),
                          (0, old, ""), (0, "", "")])
