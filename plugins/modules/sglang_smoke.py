@@ -8,18 +8,26 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: sglang_smoke
-short_description: Smoke-benchmark an SGLang server and gate on throughput and speculative accept length
+short_description: Smoke-benchmark an SGLang server and gate on hangs, throughput and speculative accept length
 version_added: 0.1.0
 description:
-  - Sends O(requests) C(/generate) requests to a running SGLang server, O(concurrency) at a time, and
-    measures the decode throughput and the speculative accept length.
-  - The accept length is taken from each response's C(meta_info) (completion tokens divided by
-    C(spec_verify_ct), summed over all requests) and cross-checked with C(internal_states[].avg_spec_accept_length)
-    from C(/server_info) (falling back to C(/get_server_info) on SGLang before 0.5.10).
+  - Sends O(requests) C(/generate) requests to a running SGLang server, O(concurrency) at a time, within an overall
+    budget of O(timeout) seconds, each request waiting at most O(request_timeout) seconds for its answer.
+  - Fails on the first request that does not answer in time, naming it, for example C(request 97 of 150 did not
+    answer within 30 s), and sends no further requests. A server relaunched after a SIGKILL can pass C(/health) and
+    then hang after about 80 to 140 requests (sglang issue 22779); O(requests=150) or more catches that failure.
+  - The speculative accept length comes from two places and both are reported.
+    The windowed gauges C(sglang:spec_accept_length) and C(sglang:spec_accept_rate) of C(/metrics) (server started
+    with C(--enable-metrics)) are read before the first request, every O(metrics_interval) seconds while requests
+    run and once after the last answer. SGLang sets them every C(--decode-log-interval) decode iterations (default
+    40) to the mean over those iterations only, so only reports made inside the smoke window count, and their mean
+    is the windowed figure.
+    Each response's C(meta_info) gives the mean over the smoke requests (completion tokens divided by
+    C(spec_verify_ct)), kept as a cross-check, with C(internal_states[].avg_spec_accept_length) of C(/server_info)
+    (cumulative since the server started) as a last resort.
+  - O(accept_length_source) says which figure gates; RV(accept_length_source) says which one did.
   - Fails when the throughput is below O(min_tokens_per_s) or the accept length below O(min_accept_length);
     the message carries both the measured value and the threshold.
-  - A speculative config that SGLang silently changed, for example 2 draft tokens instead of 16, shows
-    up here as a low accept length even when the server is healthy.
 options:
   url:
     description: Base URL of the server, for example V(http://127.0.0.1:30000).
@@ -29,7 +37,9 @@ options:
     description: Bearer key, when the server runs with C(--api-key).
     type: str
   requests:
-    description: Number of requests.
+    description:
+      - Number of requests. Use 150 or more to catch the hang after a relaunch that follows a SIGKILL
+        (sglang issue 22779: a healthy C(/health), then no answer after about 80 to 140 requests).
     type: int
     default: 8
   concurrency:
@@ -52,14 +62,33 @@ options:
     default: 0
   min_accept_length:
     description:
-      - Lowest acceptable mean speculative accept length (bonus token included). V(0) disables this gate.
+      - Lowest acceptable speculative accept length (bonus token included). V(0) disables this gate.
       - With a positive value, a server that reports no accept length (speculation off) fails the gate.
     type: float
     default: 0
+  accept_length_source:
+    description:
+      - Which accept length gates.
+      - V(metrics) is the windowed C(/metrics) gauge; the gate fails when the server has no C(/metrics) or made no
+        report during the window (it decoded fewer than C(--decode-log-interval) iterations; send more tokens).
+      - V(meta) is the mean over the smoke responses' C(meta_info), or C(/server_info) when they carry none.
+      - V(auto) takes the windowed gauge when the window has a report, else V(meta).
+    type: str
+    choices: [auto, metrics, meta]
+    default: auto
+  metrics_interval:
+    description: Seconds between two reads of C(/metrics) while requests run.
+    type: float
+    default: 1.0
   timeout:
-    description: Seconds for the whole run; each request gets the time that is left.
+    description: Overall budget of the run in seconds; no request is sent once it is spent.
     type: float
     default: 300
+  request_timeout:
+    description:
+      - Seconds one request may take before it counts as a hang (never more than what is left of O(timeout)).
+    type: float
+    default: 120
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -75,17 +104,22 @@ attributes:
 notes:
   - Throughput depends on the request mix; compare like with like (same prompt, O(max_new_tokens) and
     O(concurrency)) when you set O(min_tokens_per_s).
+  - Reading C(/server_info) installs SGLang's SIGTERM drain handler on a server that had none yet.
 seealso:
   - module: gpufleet.sglang.sglang_launch
 """
 
 EXAMPLES = r"""
-- name: Gate the new EAGLE3 server on accept length and throughput
+- name: Gate the relaunched EAGLE3 server on hangs, windowed accept length and throughput
   gpufleet.sglang.sglang_smoke:
     url: http://127.0.0.1:30000
-    requests: 8
+    requests: 150
+    concurrency: 8
+    request_timeout: 60
+    timeout: 600
     max_new_tokens: 128
     min_accept_length: 2.5
+    accept_length_source: metrics
     min_tokens_per_s: 80
 """
 
@@ -96,25 +130,55 @@ tokens_per_s:
   type: float
   sample: 131.4
 accept_length:
-  description:
-    - Mean speculative accept length from the responses' C(meta_info), or from C(/server_info) when
-      the responses carry none. V(null) when the server runs without speculation.
+  description: The accept length that gated (see RV(accept_length_source)); V(null) when there is none.
   returned: always
   type: float
   sample: 2.95
+accept_length_source:
+  description: Where RV(accept_length) comes from, V(metrics), V(meta), V(server_info), or V(null).
+  returned: always
+  type: str
+  sample: metrics
+metrics_accept_length:
+  description: Mean of the C(sglang:spec_accept_length) reports made during the smoke window.
+  returned: always
+  type: float
+metrics_accept_rate:
+  description: Mean of the C(sglang:spec_accept_rate) reports made during the smoke window.
+  returned: always
+  type: float
+metrics_reports:
+  description: Number of gauge reports seen during the window (V(0) also when C(/metrics) is absent).
+  returned: always
+  type: int
+metrics_available:
+  description: Whether the server answered C(/metrics) with the speculative gauges.
+  returned: always
+  type: bool
 meta_accept_length:
-  description: Accept length computed from C(meta_info) only.
+  description: Accept length computed from the responses' C(meta_info) only.
   returned: always
   type: float
 server_accept_length:
   description: C(avg_spec_accept_length) of the first DP rank in C(/server_info), cumulative since server start.
   returned: always
   type: float
-requests:
-  description: Requests sent, succeeded and failed.
+hang:
+  description: The first request that did not answer within O(request_timeout), or V(null).
   returned: always
   type: dict
-  sample: {"sent": 8, "ok": 8, "failed": 0}
+  sample: {"request": 97, "of": 150, "timeout": 30.0, "answered": 96}
+requests:
+  description:
+    - Requests sent, succeeded and failed (C(hung) of them did not answer in time), and those never sent (after
+      a hang or when the budget ran out).
+  returned: always
+  type: dict
+  sample: {"sent": 8, "ok": 8, "failed": 0, "not_sent": 0, "hung": 0}
+budget_exhausted:
+  description: Whether O(timeout) ran out before every request was sent.
+  returned: always
+  type: bool
 completion_tokens:
   description: Completion tokens over all successful requests.
   returned: always
@@ -140,6 +204,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.http import HTTPConnectionError, request
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_metrics import AcceptWindow, MetricsFormatError
 
 
 def _server_accept_length(base, api_key, timeout):
@@ -159,6 +224,17 @@ def _server_accept_length(base, api_key, timeout):
     return None
 
 
+def _metrics_page(base, api_key, timeout):
+    """The ``/metrics`` text, or None (absent, failing, not text)."""
+    try:
+        status, dummy, data = request("GET", base + "/metrics", api_key=api_key, timeout=timeout)
+    except HTTPConnectionError:
+        return None
+    if status != 200 or not isinstance(data, str):
+        return None
+    return data
+
+
 class Bench:
     def __init__(self, params):
         self.p = params
@@ -167,10 +243,16 @@ class Bench:
         self.next_index = 0
         self.results = []
         self.errors = []
+        self.hangs = []          # request indexes that did not answer within request_timeout
+        self.sent = 0
+        self.budget_out = False
+        self.stop = threading.Event()
+        self.window = AcceptWindow()
+        self.metrics_ok = False
 
     def _take(self):
         with self.lock:
-            if self.next_index >= self.p["requests"]:
+            if self.stop.is_set() or self.next_index >= self.p["requests"]:
                 return None
             self.next_index += 1
             return self.next_index
@@ -184,13 +266,20 @@ class Bench:
             left = deadline - time.monotonic()
             if left <= 0:
                 with self.lock:
-                    self.errors.append("request %d: not sent, the run timed out" % idx)
-                continue
+                    self.budget_out = True
+                    self.stop.set()
+                return
+            with self.lock:
+                self.sent += 1
+            wait = min(left, self.p["request_timeout"])
             start = time.monotonic()
             try:
-                status, dummy, data = request("POST", self.base + "/generate", body=body, api_key=self.p["api_key"], timeout=left)
+                status, dummy, data = request("POST", self.base + "/generate", body=body, api_key=self.p["api_key"], timeout=wait)
             except HTTPConnectionError as exc:
                 with self.lock:
+                    if exc.kind == "timeout" and wait >= self.p["request_timeout"]:
+                        self.hangs.append(idx)
+                        self.stop.set()
                     self.errors.append("request %d: %s" % (idx, exc))
                 continue
             latency = time.monotonic() - start
@@ -206,18 +295,49 @@ class Bench:
                     "verify_ct": int(meta.get("spec_verify_ct") or 0),
                 })
 
+    def _observe_metrics(self, first=False):
+        page = _metrics_page(self.base, self.p["api_key"], min(10.0, max(1.0, self.p["metrics_interval"] * 4)))
+        if page is None:
+            return
+        try:
+            if first:
+                self.window.start(page)
+            else:
+                self.window.observe(page)
+            self.metrics_ok = True
+        except MetricsFormatError:
+            return
+
+    def sampler(self, done):
+        while not done.wait(self.p["metrics_interval"]):
+            self._observe_metrics()
+
     def run(self):
+        use_metrics = self.p["accept_length_source"] != "meta"
+        if use_metrics:
+            self._observe_metrics(first=True)
         deadline = time.monotonic() + self.p["timeout"]
         start = time.monotonic()
+        done = threading.Event()
+        sampler = None
+        if use_metrics and self.metrics_ok:
+            sampler = threading.Thread(target=self.sampler, args=(done,), daemon=True)
+            sampler.start()
         threads = [threading.Thread(target=self.worker, args=(deadline,), daemon=True) for dummy in range(max(1, self.p["concurrency"]))]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()) + 1.0)
-        return time.monotonic() - start
+            t.join(max(0.0, deadline - time.monotonic()) + self.p["request_timeout"] + 1.0)
+        elapsed = time.monotonic() - start
+        done.set()
+        if sampler is not None:
+            sampler.join(10)
+            self._observe_metrics()
+        return elapsed
 
 
-def summarise(results, errors, elapsed, sent, server_accept):
+def summarise(results, errors, elapsed, sent, server_accept, window=None, hangs=(), total=None, source="auto",
+              budget_out=False, request_timeout=None):
     tokens = sum(r["completion_tokens"] for r in results)
     # Only responses that report verify steps count for the accept length: tokens of a response
     # without spec_verify_ct (a worker without speculation behind a router) would inflate it.
@@ -225,12 +345,38 @@ def summarise(results, errors, elapsed, sent, server_accept):
     verify = sum(r["verify_ct"] for r in results if r["verify_ct"] > 0)
     latencies = sorted(r["latency"] for r in results)
     meta_accept = round(spec_tokens / verify, 3) if verify else None
+    server_accept = round(server_accept, 3) if server_accept is not None else None
+    win = window or {}
+    metrics_accept = win.get("accept_length")
+    if source == "metrics":
+        chosen = (metrics_accept, "metrics" if metrics_accept is not None else None)
+    elif source == "meta" or metrics_accept is None:
+        chosen = (meta_accept, "meta") if meta_accept is not None else (
+            (server_accept, "server_info") if server_accept is not None else (None, None))
+    else:
+        chosen = (metrics_accept, "metrics")
+    total = sent if total is None else total
+    hang = None
+    if hangs:
+        first = min(hangs)
+        hang = dict(request=first, of=total, answered=len(results), timeout=request_timeout)
+    not_sent = max(0, total - sent)
+    if budget_out or (not_sent and not hangs):
+        budget_out = True
     return dict(
         tokens_per_s=round(tokens / elapsed, 2) if elapsed > 0 and results else 0.0,
+        accept_length=chosen[0],
+        accept_length_source=chosen[1],
+        metrics_accept_length=metrics_accept,
+        metrics_accept_rate=win.get("accept_rate"),
+        metrics_reports=int(win.get("reports") or 0),
+        metrics_available=bool(win.get("present")),
         meta_accept_length=meta_accept,
-        server_accept_length=round(server_accept, 3) if server_accept is not None else None,
-        accept_length=meta_accept if meta_accept is not None else (round(server_accept, 3) if server_accept is not None else None),
-        requests=dict(sent=sent, ok=len(results), failed=sent - len(results)),
+        server_accept_length=server_accept,
+        hang=hang,
+        requests=dict(sent=sent, ok=len(results), failed=sent - len(results), not_sent=not_sent,
+                      hung=len(hangs)),
+        budget_exhausted=bool(budget_out),
         completion_tokens=tokens,
         latency_s=dict(p50=round(latencies[len(latencies) // 2], 3) if latencies else None,
                        max=round(latencies[-1], 3) if latencies else None),
@@ -246,17 +392,39 @@ def _pair(value, threshold, digits):
     return "%.*f" % (digits, value), "%.*f" % (digits, threshold)
 
 
-def gate(summary, min_tps, min_accept):
+def _seconds(value):
+    return ("%d" % value) if float(value).is_integer() else ("%g" % value)
+
+
+def gate(summary, min_tps, min_accept, source="auto", request_timeout=None):
     """Return the list of gate failures, each naming the figure and its threshold."""
     problems = []
-    if summary["requests"]["failed"]:
+    hang = summary.get("hang")
+    if hang:
+        limit = request_timeout if request_timeout is not None else hang.get("timeout") or 0
+        problems.append("request %d of %d did not answer within %s s (%d answered before the run stopped)" % (
+            hang["request"], hang["of"], _seconds(limit), hang["answered"]))
+    req = summary["requests"]
+    if req["failed"] - req.get("hung", 0) > 0:
         problems.append("%d of %d requests failed (%s)" % (
-            summary["requests"]["failed"], summary["requests"]["sent"], "; ".join(summary["errors"][:2])))
+            req["failed"] - req.get("hung", 0), req["sent"],
+            "; ".join([e for e in summary["errors"] if not hang or "timeout" not in e][:2] or summary["errors"][:2])))
+    if summary.get("budget_exhausted") and req["not_sent"]:
+        problems.append("the run's budget (timeout) ran out: %d of %d requests were not sent" % (
+            req["not_sent"], req["sent"] + req["not_sent"]))
     if min_tps > 0 and summary["tokens_per_s"] < min_tps:
         problems.append("throughput %s tok/s is below min_tokens_per_s %s" % _pair(summary["tokens_per_s"], min_tps, 1))
     if min_accept > 0:
         acc = summary["accept_length"]
-        if acc is None:
+        if acc is None and source == "metrics":
+            if not summary.get("metrics_available"):
+                problems.append("accept_length_source is metrics but the server has no sglang:spec_accept_length gauge "
+                                "(start it with --enable-metrics); min_accept_length is %.2f" % min_accept)
+            else:
+                problems.append("sglang:spec_accept_length made no report during the smoke window (fewer decode "
+                                "iterations than --decode-log-interval: send more requests or tokens); "
+                                "min_accept_length is %.2f" % min_accept)
+        elif acc is None:
             problems.append("the server reports no speculative accept length (is speculation off?); min_accept_length is %.2f" % min_accept)
         elif acc < min_accept:
             problems.append("accept length %s is below min_accept_length %s" % _pair(acc, min_accept, 2))
@@ -274,7 +442,10 @@ def main():
             prompt=dict(type="str", default="Write one sentence about GPUs."),
             min_tokens_per_s=dict(type="float", default=0, no_log=False),
             min_accept_length=dict(type="float", default=0),
+            accept_length_source=dict(type="str", default="auto", choices=["auto", "metrics", "meta"]),
+            metrics_interval=dict(type="float", default=1.0),
             timeout=dict(type="float", default=300),
+            request_timeout=dict(type="float", default=120),
         ),
         supports_check_mode=False,
     )
@@ -282,11 +453,16 @@ def main():
     for name in ("requests", "concurrency", "max_new_tokens"):
         if p[name] < 1:
             module.fail_json(msg="%s must be at least 1, got %s" % (name, p[name]))
+    for name in ("timeout", "request_timeout", "metrics_interval"):
+        if p[name] <= 0:
+            module.fail_json(msg="%s must be a positive number of seconds, got %s" % (name, p[name]))
     bench = Bench(p)
     elapsed = bench.run()
     server_accept = _server_accept_length(bench.base, p["api_key"], min(10.0, p["timeout"]))
-    summary = summarise(bench.results, bench.errors, elapsed, p["requests"], server_accept)
-    problems = gate(summary, p["min_tokens_per_s"], p["min_accept_length"])
+    summary = summarise(bench.results, bench.errors, elapsed, bench.sent, server_accept, window=bench.window.result(),
+                        hangs=bench.hangs, total=p["requests"], source=p["accept_length_source"],
+                        budget_out=bench.budget_out, request_timeout=p["request_timeout"])
+    problems = gate(summary, p["min_tokens_per_s"], p["min_accept_length"], p["accept_length_source"], p["request_timeout"])
     if problems:
         module.fail_json(msg="Smoke gate failed: " + "; ".join(problems), changed=False, **summary)
     module.exit_json(changed=False, **summary)

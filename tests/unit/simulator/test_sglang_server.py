@@ -609,10 +609,13 @@ class TestSignals:
         wait_for(lambda: not any(alive(p) for p in kids), 10, what="children die with the parent")
 
     def test_sigterm_before_any_request_stops_like_uvicorn(self, start, node):
-        # --skip-server-warmup: Up at once, but no request has installed SGLang's
-        # SIGTERM handler yet: uvicorn stops, the finally SIGKILLs the children.
-        srv = start(["--skip-server-warmup"])
-        srv.wait_healthy(ready_line=False)
+        # --skip-server-warmup: Up at once, but nothing has installed SGLang's
+        # SIGTERM handler yet (/ready, /ping, /model_info, /v1/models, /metrics
+        # never do): uvicorn stops, the finally SIGKILLs the children.
+        srv = start(["--skip-server-warmup", "--enable-metrics"])
+        srv.wait_healthy(path="/ready", ready_line=False)
+        for path in ("/ping", "/model_info", "/v1/models", "/metrics"):
+            assert srv.status(path) == 200, path
         kids = srv.tree()
         srv.signal(signal.SIGTERM)
         assert srv.wait(10) == 0
@@ -620,6 +623,57 @@ class TestSignals:
         assert "Draining requests" not in log and "Finished server process" in log
         wait_for(lambda: not any(alive(p) for p in kids), 10, what="children killed")
         wait_for(lambda: node.compute_apps() == [], 10, what="memory released")
+
+    @pytest.mark.parametrize("path", ["/server_info", "/health", "/v1/loads", "/flush_cache"])
+    def test_a_control_call_installs_the_drain_handler(self, start, node, path):
+        # tokenizer_control_mixin.py: every control call (get_internal_state for
+        # /server_info, get_loads, flush_cache) and every generate -- /health
+        # included, SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION defaults to true --
+        # runs auto_create_handle_loop, which installs the SIGTERM drain handler.
+        srv = start(["--skip-server-warmup"])
+        srv.wait_healthy(path="/ready", ready_line=False)
+        assert srv.status(path) == 200
+        kids = srv.tree()
+        srv.signal(signal.SIGTERM)
+        assert srv.wait(15) == 0
+        log = srv.log()
+        assert "SIGTERM received. signum=None frame=None. Draining requests and shutting down..." in log
+        assert "Gracefully exiting... Remaining number of requests 0." in log
+        assert "Finished server process" not in log
+        wait_for(lambda: not any(alive(p) for p in kids), 10, what="children gone")
+        assert node.compute_apps() == []
+
+    def test_health_without_generation_does_not_install_the_handler(self, start):
+        srv = start(["--skip-server-warmup"], env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"})
+        srv.wait_healthy(ready_line=False)
+        srv.signal(signal.SIGTERM)
+        assert srv.wait(10) == 0
+        assert "Draining requests" not in srv.log() and "Finished server process" in srv.log()
+
+    def test_unhealthy_server_force_exits_without_draining(self, start, node):
+        # The second request hangs (sglang#22779 knob); the health check then gets no
+        # answer and marks the server UnHealthy; SIGTERM force-exits without waiting
+        # for the hung request (sigterm_watchdog), through the ShutdownReq path.
+        srv = start([], env={"SGLANG_SIM_HANG_AFTER_REQUESTS": "1", "SGLANG_SIM_HANG_WHEN": "always",
+                             "SGLANG_HEALTH_CHECK_TIMEOUT": "0.2"})
+        srv.wait_healthy()
+        body = {"text": "x", "sampling_params": {"max_new_tokens": 4}}
+        assert srv.request("/generate", "POST", body).status == 200
+        hung = threading.Thread(target=lambda: srv.status("/generate", method="POST", body=body, timeout=30))
+        hung.daemon = True
+        hung.start()
+        wait_for(lambda: srv.request("/v1/loads").json()["loads"][0]["num_running_reqs"] == 1, 5,
+                 what="the hung request")
+        assert srv.status("/health", timeout=10) == 503
+        assert "Health check failed. Server couldn't get a response from detokenizer" in srv.log()
+        kids = srv.tree()
+        srv.signal(signal.SIGTERM)
+        assert srv.wait(20) == 0
+        log = srv.log()
+        assert "Signal SIGTERM received while health check failed. Force exiting." in log
+        assert "Gracefully exiting... Remaining number of requests" not in log
+        wait_for(lambda: not any(alive(p) for p in kids), 10, what="children gone")
+        assert node.compute_apps() == []
 
     def test_pause_makes_ready_fail(self, start):
         srv = start([])

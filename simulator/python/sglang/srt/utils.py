@@ -199,3 +199,16 @@ def wait_gone(pids, timeout: float) -> list:
         time.sleep(0.02)
         left = [p for p in left if pid_alive(p)]
     return left
+
+
+def process_starttime(pid: int):
+    """Field 22 of /proc/<pid>/stat (None when the process is gone or a zombie)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+    except (OSError, ValueError):
+        return None
+    rest = data[data.rfind(b")") + 2:].split()
+    if rest[0] in (b"Z", b"X"):
+        return None
+    return int(rest[19])

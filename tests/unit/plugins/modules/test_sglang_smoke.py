@@ -53,6 +53,9 @@ class FakeSGLang:
         self.requests = []
         self.api_key = None
         self.delay = 0.0
+        self.delays = lambda index: 0.0           # per /generate index (1-based), e.g. a hang from N on
+        self.metrics = None                         # callable: number of answered /generate -> page text
+        self.answered = 0
         self.generate = lambda index: (200, {"text": " GPUs are fast.", "meta_info": meta(64, 22)})
         self.info = {"/server_info": (200, server_info(2.95)), "/get_server_info": (200, server_info(2.95))}
         fake = self
@@ -87,6 +90,11 @@ class FakeSGLang:
                 self._record()
                 if not self._authorised():
                     return
+                if self.path == "/metrics" and fake.metrics is not None:
+                    with fake.lock:
+                        answered = fake.answered
+                    self._send(200, fake.metrics(answered).encode())
+                    return
                 status, body = fake.info.get(self.path, (404, {"detail": "Not Found"}))
                 self._send(status, body)
 
@@ -101,7 +109,10 @@ class FakeSGLang:
                 if self.path != "/generate":
                     self._send(404, {"detail": "Not Found"})
                     return
+                time.sleep(fake.delays(index))
                 status, answer = fake.generate(index)
+                with fake.lock:
+                    fake.answered += 1
                 self._send(status, answer)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -173,7 +184,9 @@ def test_summarise_accept_length_from_meta_info():
     assert s["server_accept_length"] == 1.7
     assert s["tokens_per_s"] == 192.0
     assert s["completion_tokens"] == 384
-    assert s["requests"] == {"sent": 3, "ok": 3, "failed": 0}
+    assert s["requests"] == {"sent": 3, "ok": 3, "failed": 0, "not_sent": 0, "hung": 0}
+    assert s["accept_length_source"] == "meta" and s["metrics_accept_length"] is None
+    assert s["hang"] is None and s["budget_exhausted"] is False
     assert s["latency_s"] == {"p50": 0.4, "max": 0.5}
     assert s["elapsed"] == 2.0 and s["errors"] == []
 
@@ -193,10 +206,11 @@ def test_summarise_ignores_responses_without_verify_steps_for_the_accept_length(
 def test_summarise_falls_back_to_server_info_and_handles_no_results():
     s = sglang_smoke.summarise([_r(64, 0)], [], 1.0, 1, 2.94567)
     assert s["meta_accept_length"] is None and s["accept_length"] == 2.946 and s["server_accept_length"] == 2.946
+    assert s["accept_length_source"] == "server_info"
     none = sglang_smoke.summarise([], ["request 1: HTTP 503 x", "request 1: HTTP 503 x", "b"], 0.0, 2, None)
     assert none["accept_length"] is None and none["tokens_per_s"] == 0.0
     assert none["latency_s"] == {"p50": None, "max": None}
-    assert none["requests"] == {"sent": 2, "ok": 0, "failed": 2}
+    assert none["requests"] == {"sent": 2, "ok": 0, "failed": 2, "not_sent": 0, "hung": 0}
     assert none["errors"] == ["b", "request 1: HTTP 503 x"]  # distinct, sorted
     many = sglang_smoke.summarise([], ["e%d" % i for i in range(9)], 1.0, 9, None)
     assert len(many["errors"]) == 5
@@ -236,7 +250,7 @@ def test_run_passes_gates_and_sends_what_sglang_expects(server, run):
     res = run({"url": server.url + "/", "requests": 4, "concurrency": 2, "max_new_tokens": 64, "prompt": "Hi",
                "min_accept_length": 2.5, "min_tokens_per_s": 1})
     assert res["failed"] is False and res["changed"] is False, res
-    assert res["requests"] == {"sent": 4, "ok": 4, "failed": 0}
+    assert res["requests"] == {"sent": 4, "ok": 4, "failed": 0, "not_sent": 0, "hung": 0}
     assert res["completion_tokens"] == 256
     assert res["meta_accept_length"] == res["accept_length"] == round(64 / 22.0, 3)
     assert res["server_accept_length"] == 2.95
@@ -246,7 +260,8 @@ def test_run_passes_gates_and_sends_what_sglang_expects(server, run):
     assert len(posts) == 4 and all(r["path"] == "/generate" for r in posts)
     assert posts[0]["body"] == {"text": "Hi", "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
     assert all(r["auth"] is None for r in server.requests)
-    assert server.paths("GET") == ["/server_info"]
+    assert server.paths("GET") == ["/metrics", "/server_info"]     # no /metrics here (404): meta gates
+    assert res["metrics_available"] is False and res["accept_length_source"] == "meta"
 
 
 def test_incident_accept_length_fails_the_gate_with_both_numbers(server, run):
@@ -276,7 +291,7 @@ def test_server_info_404_falls_back_to_get_server_info(server, run):
     server.info["/get_server_info"] = (200, server_info(2.5, ranks=2))
     res = run({"url": server.url, "requests": 1})
     assert res["server_accept_length"] == 2.5
-    assert server.paths("GET") == ["/server_info", "/get_server_info"]
+    assert server.paths("GET") == ["/metrics", "/server_info", "/get_server_info"]
 
 
 def test_accept_length_from_server_info_when_meta_info_has_none(server, run):
@@ -301,7 +316,7 @@ def test_no_accept_length_anywhere_fails_a_positive_gate(server, run, info):
     assert res["failed"] is True
     assert "reports no speculative accept length (is speculation off?); min_accept_length is 1.50" in res["msg"]
     assert res["accept_length"] is None and res["server_accept_length"] is None
-    assert server.paths("GET") == ["/server_info"]               # only a 404 moves on to /get_server_info
+    assert server.paths("GET") == ["/metrics", "/server_info"]   # only a 404 moves on to /get_server_info
     assert run({"url": server.url, "requests": 1})["failed"] is False   # gate off: passes
 
 
@@ -309,7 +324,7 @@ def test_both_info_endpoints_missing(server, run):
     server.info.clear()
     res = run({"url": server.url, "requests": 1})
     assert res["server_accept_length"] is None
-    assert server.paths("GET") == ["/server_info", "/get_server_info"]
+    assert server.paths("GET") == ["/metrics", "/server_info", "/get_server_info"]
 
 
 def test_failed_requests_fail_the_gate(server, run):
@@ -321,7 +336,7 @@ def test_failed_requests_fail_the_gate(server, run):
     server.generate = generate
     res = run({"url": server.url, "requests": 4, "concurrency": 1})
     assert res["failed"] is True
-    assert res["requests"] == {"sent": 4, "ok": 2, "failed": 2}
+    assert res["requests"] == {"sent": 4, "ok": 2, "failed": 2, "not_sent": 0, "hung": 0}
     assert res["msg"].startswith("Smoke gate failed: 2 of 4 requests failed (request ")
     assert "HTTP 503" in res["msg"] and "shutting down" in res["msg"]
     assert res["completion_tokens"] == 128
@@ -339,7 +354,7 @@ def test_nothing_listening(run):
         port = sock.getsockname()[1]
     res = run({"url": "http://127.0.0.1:%d" % port, "requests": 2, "concurrency": 4, "timeout": 5})
     assert res["failed"] is True
-    assert res["requests"] == {"sent": 2, "ok": 0, "failed": 2}
+    assert res["requests"] == {"sent": 2, "ok": 0, "failed": 2, "not_sent": 0, "hung": 0}
     assert "refused" in res["msg"]
     assert res["tokens_per_s"] == 0.0 and res["server_accept_length"] is None
 
@@ -349,9 +364,10 @@ def test_run_timeout_leaves_requests_unsent(server, run):
     began = time.monotonic()
     res = run({"url": server.url, "requests": 3, "concurrency": 1, "timeout": 0.3})
     assert res["failed"] is True
-    assert res["requests"]["ok"] == 0 and res["requests"]["failed"] == 3
+    assert res["requests"] == {"sent": 1, "ok": 0, "failed": 1, "not_sent": 2, "hung": 0}
+    assert res["budget_exhausted"] is True and res["hang"] is None   # cut by the budget, not a hang
     assert any("timeout" in e for e in res["errors"]), res["errors"]
-    assert any("not sent, the run timed out" in e for e in res["errors"]), res["errors"]
+    assert "the run's budget (timeout) ran out: 2 of 3 requests were not sent" in res["msg"]
     assert time.monotonic() - began < 15
 
 
@@ -371,3 +387,76 @@ def test_check_mode_is_skipped(server, run):
     res = run({"url": server.url}, check=True)
     assert res.get("skipped") is True
     assert server.requests == []
+
+
+@pytest.mark.parametrize("name", ["timeout", "request_timeout", "metrics_interval"])
+def test_durations_must_be_positive(run, name):
+    res = run({"url": "http://127.0.0.1:1", name: 0})
+    assert res["failed"] is True and res["msg"] == "%s must be a positive number of seconds, got 0.0" % name
+
+
+def test_first_hang_names_its_request_and_stops_sending(server, run):
+    # sglang#22779: the server answers 3 requests, then none; with 2 in flight, requests 4 and 5 hang.
+    server.delays = lambda index: 3.0 if index > 3 else 0.0
+    began = time.monotonic()
+    res = run({"url": server.url, "requests": 10, "concurrency": 2, "request_timeout": 0.5, "timeout": 60})
+    assert res["failed"] is True
+    assert res["hang"] == {"request": 4, "of": 10, "answered": 3, "timeout": 0.5}
+    assert res["msg"] == ("Smoke gate failed: request 4 of 10 did not answer within 0.5 s "
+                          "(3 answered before the run stopped)")
+    assert res["requests"] == {"sent": 5, "ok": 3, "failed": 2, "not_sent": 5, "hung": 2}
+    assert len(server.paths("POST")) == 5                      # nothing sent after the hang
+    assert time.monotonic() - began < 20
+
+
+def test_per_request_timeout_and_budget_are_separate(server, run):
+    # Slow but answering within request_timeout: no hang, even though the run takes a while.
+    server.delays = lambda index: 0.3
+    res = run({"url": server.url, "requests": 3, "concurrency": 1, "request_timeout": 2, "timeout": 30})
+    assert res["failed"] is False and res["hang"] is None and res["requests"]["ok"] == 3
+
+
+LBL = 'model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+
+
+def metrics_page(length, rate):
+    return ("# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{%s} %s\n"
+            "# TYPE sglang:spec_accept_rate gauge\nsglang:spec_accept_rate{%s} %s\n" % (LBL, length, LBL, rate))
+
+
+def test_windowed_gauge_gates_over_meta_info(server, run):
+    # meta_info says 2.9 (over the responses); the gauge reports made during the window say 1.66, 1.70.
+    server.generate = lambda index: (200, {"text": "x", "meta_info": meta(58, 20)})
+    server.delays = lambda index: 0.3
+    server.metrics = lambda answered: metrics_page(2.95, 0.65) if answered < 2 else (
+        metrics_page(1.66, 0.661) if answered < 4 else metrics_page(1.70, 0.70))
+    res = run({"url": server.url, "requests": 6, "concurrency": 1, "metrics_interval": 0.05,
+               "min_accept_length": 2.5})
+    assert res["failed"] is True
+    assert res["accept_length_source"] == "metrics" and res["metrics_available"] is True
+    assert res["metrics_reports"] == 2
+    assert res["metrics_accept_length"] == res["accept_length"] == 1.68
+    assert res["metrics_accept_rate"] == 0.68
+    assert res["meta_accept_length"] == 2.9                         # the cross-check is reported too
+    assert res["msg"] == "Smoke gate failed: accept length 1.68 is below min_accept_length 2.50"
+    meta_gated = run({"url": server.url, "requests": 2, "accept_length_source": "meta", "min_accept_length": 2.5})
+    assert meta_gated["failed"] is False and meta_gated["accept_length_source"] == "meta"
+
+
+def test_stale_gauge_is_not_a_measurement(server, run):
+    # The gauge never changes during the window (too few decode iterations): auto falls back to
+    # meta_info, metrics fails with the reason.
+    server.metrics = lambda answered: metrics_page(2.95, 0.65)
+    auto = run({"url": server.url, "requests": 2, "metrics_interval": 0.05, "min_accept_length": 2.5})
+    assert auto["failed"] is False and auto["accept_length_source"] == "meta" and auto["metrics_reports"] == 0
+    strict = run({"url": server.url, "requests": 2, "metrics_interval": 0.05, "min_accept_length": 2.5,
+                  "accept_length_source": "metrics"})
+    assert strict["failed"] is True and strict["accept_length"] is None
+    assert "sglang:spec_accept_length made no report during the smoke window" in strict["msg"]
+
+
+def test_metrics_source_without_metrics_endpoint(server, run):
+    res = run({"url": server.url, "requests": 1, "min_accept_length": 2.0, "accept_length_source": "metrics"})
+    assert res["failed"] is True and res["metrics_available"] is False
+    assert "no sglang:spec_accept_length gauge (start it with --enable-metrics)" in res["msg"]
+    assert server.paths("GET") == ["/metrics", "/server_info"]

@@ -43,7 +43,9 @@ import threading
 import time
 
 from sglang.srt import utils
+from sglang.srt.entrypoints import ports
 from sglang.srt.managers.tokenizer_manager import E2E_BUCKETS, ServerStatus, TokenizerManager
+from sglang.srt.server_knobs import ServerKnobs
 from sglang.srt.spec_model import SpecModel
 
 logger = logging.getLogger("sglang.srt.entrypoints.engine")
@@ -98,6 +100,13 @@ class Engine:
         self._want_running_sigquit = False
         self._watchdog_stop = threading.Event()
         self.dist = None
+        self.sk = ServerKnobs()
+        self.port_plan = {}
+        self.main_sockets = []
+        self.scheduler_infos = []
+        self.startup_time = None
+        self.after_unclean = False
+        self.marker_path = None
         self.access_log_enabled = str(server_args.log_level_http or server_args.log_level
                                       ).lower() in ("debug", "info")
         self.access_log_exclude = list(server_args.uvicorn_access_log_exclude_prefixes or [])
@@ -109,6 +118,41 @@ class Engine:
         self.pp_size = max(1, int(sa.pp_size or 1))
         self.spec = SpecModel(sa.speculative_algorithm, sa.speculative_num_steps,
                               sa.speculative_eagle_topk, sa.speculative_num_draft_tokens, knobs)
+        from sglang.srt.disaggregation import PDState
+        from sglang.srt.managers.lora import LoraRegistry
+        from sglang.srt.managers.weights import WeightState
+
+        self.weights = WeightState(self)
+        self.lora = LoraRegistry(sa)
+        self.pd = PDState(self) if (sa.values.get("disaggregation_mode") or "null") != "null" else None
+        self._chan_lock = threading.Lock()
+        self._chan_seq = 0
+
+    def disagg_mode(self) -> str:
+        return self.pd.mode if self.pd is not None else "null"
+
+    def stage_on_schedulers(self, mib):
+        """A weight update's staging buffer on every local scheduler; the first OOM text or None."""
+        if mib <= 0:
+            return None
+        with self._chan_lock:
+            for proc, _name, chan in self.sched:
+                self._chan_seq += 1
+                chan.send({"cmd": "hold", "id": self._chan_seq, "mib": int(mib)})
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        msg = chan.recv(timeout=max(0.1, deadline - time.monotonic()))
+                    except socket.timeout:
+                        return "scheduler pid %s did not answer" % proc.pid
+                    if msg is None:
+                        return "scheduler pid %s is gone" % proc.pid
+                    if msg.get("event") == "reply" and msg.get("id") == self._chan_seq:
+                        break
+                result = msg.get("result") or {}
+                if not result.get("ok"):
+                    return result.get("error") or "staging failed"
+        return None
 
     # ================================================================ helpers
     def resolved_args(self) -> dict:
@@ -207,6 +251,11 @@ class Engine:
                 "shutdown_s": knobs.shutdown_s, "kill_release_s": knobs.kill_release_s,
                 "stuck": knobs.stuck_memory,
                 "cuda_graph": not (sa.disable_cuda_graph or False),
+                "kv_alloc_s": self.sk.kv_alloc_s, "cuda_graph_s": self.sk.cuda_graph_s,
+                "spec": self.spec.enabled,
+                # scheduler rank 0 hosts the TCPStore on the NCCL port (entrypoints/ports.py)
+                "store": self.port_plan.get("store") if r["tp_rank"] == 0 and r["dp_rank"] in (None, 0) else None,
+                "port_linger_s": self.sk.port_linger_s,
             })
             proc, sock = utils.spawn_child(r["title"], "sglang.srt.managers.scheduler", payload)
             entry = (proc, f"scheduler_{n}", utils.JsonLines(sock))
@@ -215,6 +264,9 @@ class Engine:
         if self.node_rank == 0:
             payload = dict(common)
             payload.update({"title": "sglang::detokenizer", "log_prefix": ""})
+            if self.port_plan.get("attn_dp"):
+                payload["bind"] = [(self.port_plan["dist_init_host"],
+                                    self.port_plan["derived"]["detokenizer_port"])]
             proc, sock = utils.spawn_child("sglang::detokenizer",
                                            "sglang.srt.managers.detokenizer_manager", payload)
             self.procs.append((proc, "detokenizer", utils.JsonLines(sock)))
@@ -251,9 +303,10 @@ class Engine:
                 if msg.get("event") == "ready":
                     infos.append(msg)
                     break
+        self.scheduler_infos = infos
         self.scheduler_info = dict(infos[0]) if infos else {}
-        self.scheduler_info.pop("event", None)
-        self.scheduler_info.pop("pid", None)
+        for key in ("event", "pid", "startup_time"):
+            self.scheduler_info.pop(key, None)
 
     def kill_process_tree(self, include_parent=True):
         """utils/common.py:2507-2564: SIGKILL the descendants, reap, maybe self."""
@@ -309,6 +362,7 @@ class Engine:
             uvicorn_logger.info("INFO:     Waiting for application shutdown.")
             uvicorn_logger.info("INFO:     Application shutdown complete.")
             uvicorn_logger.info("INFO:     Finished server process [%s]", os.getpid())
+            self._clean_exit_marker()
             self.exit_code = 0
             self.exit_event.set()
 
@@ -343,6 +397,7 @@ class Engine:
             else:
                 break
         self._watchdog_stop.set()
+        self._clean_exit_marker()
         if not knobs.at_least(0, 5, 23):
             # 0.4.6 - 0.5.10: kill_process_tree(own pid, include_parent=True) (§3.5)
             self.kill_process_tree(include_parent=True)
@@ -377,10 +432,15 @@ class Engine:
 
     # ================================================================ info
     def model_card(self) -> dict:
-        name = self.server_args.served_model_name
-        return {"id": name, "object": "model", "created": int(self.start_time),
+        name = self.weights.served_model_name
+        return {"id": name, "object": "model", "created": int(time.time()),
                 "owned_by": "sglang", "root": name, "parent": None,
                 "max_model_len": self.context_length}
+
+    def model_cards(self) -> list:
+        """``/v1/models``: the base model, then the loaded LoRA adapters."""
+        base = self.model_card()
+        return [base] + self.lora.model_cards(base["id"], base["created"])
 
     def model_info(self) -> dict:
         sa, vt = self.server_args, self.knobs.vt
@@ -389,10 +449,11 @@ class Engine:
         if vt >= (0, 4, 10):
             info["preferred_sampling_params"] = sa.preferred_sampling_params
         if vt >= (0, 5, 10):
-            info = {"model_path": sa.model_path, "served_model_name": sa.served_model_name,
+            w = self.weights
+            info = {"model_path": w.model_path, "served_model_name": w.served_model_name,
                     "tokenizer_path": sa.tokenizer_path, "is_generation": not sa.is_embedding,
                     "preferred_sampling_params": sa.preferred_sampling_params,
-                    "weight_version": "default", "load_format": sa.load_format,
+                    "weight_version": w.weight_version, "load_format": w.load_format,
                     "reasoning_parser": sa.reasoning_parser,
                     "tool_call_parser": sa.tool_call_parser,
                     "disaggregation_mode": sa.values.get("disaggregation_mode", "null"),
@@ -415,7 +476,8 @@ class Engine:
             if self.knobs.at_least(0, 5, 23):
                 st = self.resolved_args()
                 st.update({"world_size": self.tp_size * self.pp_size,
-                           "startup_time": self.startup_seconds,
+                           "startup_time": (self.scheduler_infos[0].get("startup_time")
+                                            if self.scheduler_infos else None),
                            "effective_max_running_requests_per_dp": tm.max_running_per_dp,
                            "last_gen_throughput": tm.last_gen_throughput,
                            "memory_usage": self._memory_usage()})
@@ -438,7 +500,7 @@ class Engine:
         if vt >= (0, 5, 23):
             info["hicache_object_layout"] = None
             info["kv_events"] = None
-        info["startup_time"] = self.startup_seconds
+        info["startup_time"] = self.startup_time if vt >= (0, 5, 23) else self.startup_seconds
         info["internal_states"] = self.internal_states()
         info["version"] = self.knobs.version
         if vt >= (0, 5, 23):
@@ -482,77 +544,178 @@ class Engine:
         return out
 
     def metrics_text(self) -> str:
+        """Prometheus text like SGLang's collectors (labels in the real order:
+        model_name, engine_type, then tp_rank, pp_rank, moe_ep_rank[, dp_rank] for
+        scheduler metrics).  The speculative gauges hold the last
+        ``decode_log_interval`` report (tokenizer_manager.SpecWindow)."""
         from sglang.srt.entrypoints.http_server import metric_block
 
         tm, vt = self.tokenizer_manager, self.knobs.vt
         sa = self.server_args
-        base = {"model_name": sa.served_model_name, "engine_type": "unified"}
-        sched = dict(base, tp_rank="0", pp_rank="0", moe_ep_rank="0")
-        acc_len, acc_rate = tm.window_accept()
+        engine_type = {"prefill": "prefill", "decode": "decode"}.get(self.disagg_mode(), "unified")
+        base = {"model_name": sa.served_model_name, "engine_type": engine_type}
+        scheds = []
+        for d in range(tm.dp_size):
+            labels = dict(base, tp_rank="0", pp_rank="0", moe_ep_rank="0")
+            if tm.dp_size > 1:
+                labels["dp_rank"] = str(d)
+            scheds.append((d, labels))
+
+        def per_rank(fn):
+            return [(labels, fn(d), "") for d, labels in scheds]
+
+        with tm.lock:
+            running = list(tm.running)
+            waiting = list(tm.waiting)
+        gauges = [
+            ("sglang:num_running_reqs", "The number of running requests.", lambda d: running[d]),
+            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", lambda d: waiting[d]),
+            ("sglang:gen_throughput", "The generation throughput (token/s).",
+             lambda d: tm.gen_throughput() / tm.dp_size),
+            ("sglang:cache_hit_rate", "The prefix cache hit rate.", lambda d: 0.0),
+            ("sglang:token_usage", "The token usage.", lambda d: tm._token_usage()),
+            ("sglang:num_used_tokens", "The number of used tokens.", lambda d: tm.used_tokens(d)),
+        ]
         lines = []
-        lines += metric_block("sglang:num_running_reqs", "gauge", "The number of running requests.",
-                              [(sched, tm.num_running(), "")])
-        lines += metric_block("sglang:num_queue_reqs", "gauge",
-                              "The number of requests in the waiting queue.",
-                              [(sched, tm.num_waiting(), "")])
-        lines += metric_block("sglang:gen_throughput", "gauge",
-                              "The generation throughput (token/s).",
-                              [(sched, tm.gen_throughput(), "")])
-        lines += metric_block("sglang:token_usage", "gauge", "The token usage.",
-                              [(sched, tm._token_usage(), "")])
-        lines += metric_block("sglang:num_used_tokens", "gauge", "The number of used tokens.",
-                              [(sched, tm.used_tokens(), "")])
-        lines += metric_block("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.",
-                              [(sched, 0.0, "")])
+        for name, help_text, fn in gauges:
+            lines += metric_block(name, "gauge", help_text, per_rank(fn))
         lines += metric_block("sglang:spec_accept_length", "gauge",
-                              "The average acceptance length of speculative decoding.",
-                              [(sched, acc_len, "")])
+                              "Mean acceptance length of speculative decoding (accepted drafts + bonus "
+                              "token per forward).", per_rank(lambda d: tm.spec_gauges(d)[0]))
         if vt >= (0, 5, 10):
             lines += metric_block("sglang:spec_accept_rate", "gauge",
-                                  "The average acceptance rate of speculative decoding "
-                                  "(accepted tokens / total draft tokens in batch).",
-                                  [(sched, acc_rate, "")])
+                                  "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).",
+                                  per_rank(lambda d: tm.spec_gauges(d)[1]))
+        steps = (sa.speculative_num_steps or 0) if self.spec.enabled else 0
+        drafts = (sa.speculative_num_draft_tokens or 0) if self.spec.enabled else 0
         if vt >= (0, 5, 23):
-            steps = sa.speculative_num_steps if self.spec.enabled else 0
-            drafts = sa.speculative_num_draft_tokens if self.spec.enabled else 0
-            lines += metric_block("sglang:spec_num_steps", "gauge",
-                                  "The number of speculative decoding steps in use.",
-                                  [(sched, steps or 0, "")])
-            lines += metric_block("sglang:spec_num_draft_tokens", "gauge",
-                                  "The number of speculative draft tokens in use.",
-                                  [(sched, drafts or 0, "")])
-        else:
-            drafts = sa.speculative_num_draft_tokens if self.spec.enabled else 0
-            lines += metric_block("sglang:spec_num_draft_tokens", "gauge",
-                                  "The number of speculative draft tokens in use.",
-                                  [(sched, drafts or 0, "")])
+            lines += metric_block("sglang:spec_num_steps", "gauge", "Currently active speculative_num_steps.",
+                                  per_rank(lambda d: steps))
+        lines += metric_block("sglang:spec_num_draft_tokens", "gauge",
+                              "Currently active speculative_num_draft_tokens (decouples from steps under topk>1).",
+                              per_rank(lambda d: drafts))
+        if vt >= (0, 5, 23):
+            queues = self.pd.queue_depths() if self.pd is not None else {}
+            for key, name, help_text in (
+                    ("prefill_bootstrap", "sglang:num_prefill_bootstrap_queue_reqs",
+                     "The number of requests in the prefill bootstrap queue."),
+                    ("prefill_inflight", "sglang:num_prefill_inflight_queue_reqs",
+                     "The number of requests in the prefill inflight queue."),
+                    ("decode_prealloc", "sglang:num_decode_prealloc_queue_reqs",
+                     "The number of requests in the decode prealloc queue."),
+                    ("decode_transfer", "sglang:num_decode_transfer_queue_reqs",
+                     "The number of requests in the decode transfer queue.")):
+                lines += metric_block(name, "gauge", help_text, per_rank(lambda d, k=key: queues.get(k, 0)))
+            if self.pd is not None:
+                lines += metric_block("sglang:num_bootstrap_failed_reqs_total", "counter",
+                                      "The number of bootstrap failed requests.",
+                                      [(scheds[0][1], self.pd.bootstrap_failed, "")])
+                lines += metric_block("sglang:num_transfer_failed_reqs_total", "counter",
+                                      "The number of transfer failed requests.",
+                                      [(scheds[0][1], self.pd.transfer_failed, "")])
+            if self.weights.last_load_s is not None:
+                lines += metric_block(
+                    "sglang:weight_load_duration_seconds", "gauge",
+                    "Wall time of the most recent update_weights_from_<source> call on this scheduler "
+                    "rank (seconds). `source` label is one of: disk, distributed, tensor, ipc. "
+                    "Event-detection via changes(...[<range>]) > 0 \u2014 no separate counter needed.",
+                    [(dict(labels, source="disk"), self.weights.last_load_s, "") for _d, labels in scheds])
+            st = self.startup_time or {}
+            if st:
+                lines += metric_block("sglang:startup_time_seconds", "gauge",
+                                      "Engine startup duration by phase in seconds.",
+                                      [(dict(base, phase=p), st[p], "") for p in
+                                       ("load_weight", "kv_cache_allocation", "scheduler_e2e", "tokenizer_e2e")])
+                lines += metric_block("sglang:startup_cuda_graph_time_seconds", "gauge",
+                                      "CUDA graph capture duration by phase in seconds.",
+                                      [(dict(base, phase=p), v, "") for p, v in st["cuda_graph"].items()])
+        streaming = dict(base, is_streaming="false") if vt >= (0, 5, 23) else base
         lines += metric_block("sglang:prompt_tokens_total", "counter",
-                              "Number of prefill tokens processed.",
-                              [(base, tm.prompt_tokens_total, "")])
+                              "Number of prefill tokens processed.", [(streaming, tm.prompt_tokens_total, "")])
         lines += metric_block("sglang:generation_tokens_total", "counter",
                               "Number of generation tokens processed.",
-                              [(base, tm.generation_tokens_total, "")])
+                              [(streaming, tm.generation_tokens_total, "")])
         lines += metric_block("sglang:cached_tokens_total", "counter",
-                              "Number of cached prompt tokens.",
+                              "Number of cached prompt tokens by source (device/host/storage).",
                               [(base, tm.cached_tokens_total, "")])
-        lines += metric_block("sglang:num_requests_total", "counter",
-                              "Number of requests processed.",
+        lines += metric_block("sglang:num_requests_total", "counter", "Number of requests processed.",
                               [(base, tm.num_requests_total, "")])
         if vt >= (0, 5, 23):
             lines += metric_block("sglang:spec_verify_calls_total", "counter",
-                                  "Total number of speculative verify forward calls.",
+                                  "Number of speculative decoding verification calls.",
                                   [(base, tm.spec_verify_total, "")])
         samples, cum = [], 0
         for bound, count in zip(E2E_BUCKETS, tm.e2e_hist):
             cum += count
-            samples.append((dict(base, le=str(float(bound))), cum, "_bucket"))
+            samples.append((dict(streaming, le=str(float(bound))), cum, "_bucket"))
         cum += tm.e2e_hist[-1]
-        samples.append((dict(base, le="+Inf"), cum, "_bucket"))
-        samples.append((base, tm.e2e_sum, "_sum"))
-        samples.append((base, tm.e2e_count, "_count"))
+        samples.append((dict(streaming, le="+Inf"), cum, "_bucket"))
+        samples.append((streaming, tm.e2e_count, "_count"))
+        samples.append((streaming, tm.e2e_sum, "_sum"))
         lines += metric_block("sglang:e2e_request_latency_seconds", "histogram",
                               "Histogram of End-to-end request latency in seconds", samples)
         return "\n".join(lines) + "\n"
+
+    # ================================================================ startup
+    def _set_startup_time(self):
+        """Engine._set_startup_time (0.5.23): critical path over the schedulers plus
+        tokenizer_e2e, the "Engine startup timings (s): ..." line and the gauges."""
+        agg = {"load_weight": 0.0, "kv_cache_allocation": 0.0, "scheduler_e2e": 0.0,
+               "cuda_graph": {}}
+        from sglang.srt.managers.scheduler import GRAPH_PHASES
+
+        agg["cuda_graph"] = dict.fromkeys(GRAPH_PHASES, 0.0)
+        for info in self.scheduler_infos:
+            st = info.get("startup_time") or {}
+            for key in ("load_weight", "kv_cache_allocation", "scheduler_e2e"):
+                agg[key] = max(agg[key], float(st.get(key, 0.0)))
+            for phase, dur in (st.get("cuda_graph") or {}).items():
+                agg["cuda_graph"][phase] = max(agg["cuda_graph"].get(phase, 0.0), float(dur))
+        agg["tokenizer_e2e"] = time.time() - self.start_time
+        self.startup_time = agg
+        self.tokenizer_manager.startup_time = agg
+        if self.knobs.at_least(0, 5, 23):
+            logger.info("Engine startup timings (s): load_weight=%.2f, kv_cache_allocation=%.2f, "
+                        "scheduler_e2e=%.2f, cuda_graph={%s}, tokenizer_e2e=%.2f",
+                        agg["load_weight"], agg["kv_cache_allocation"], agg["scheduler_e2e"],
+                        ", ".join("%s=%.2f" % kv for kv in agg["cuda_graph"].items()),
+                        agg["tokenizer_e2e"])
+
+    def _check_previous_stop(self):
+        """sglang#22779 model: was the last server on this port stopped uncleanly?
+
+        A marker ``<state_dir>/server-<port>.json`` (pid, start time) lives while
+        the server runs; a clean exit removes it.  Finding one whose process is
+        gone means the previous server died without its shutdown (SIGKILL, a
+        crash): then SGLANG_SIM_HANG_AFTER_REQUESTS applies (with
+        SGLANG_SIM_HANG_WHEN=unclean, the default; ``always`` ignores the marker).
+        """
+        sk, tm = self.sk, self.tokenizer_manager
+        if sk.state_dir:
+            self.marker_path = os.path.join(sk.state_dir, "server-%s.json" % self.server_args.port)
+            try:
+                with open(self.marker_path) as fh:
+                    old = json.load(fh)
+                self.after_unclean = utils.process_starttime(int(old.get("pid", 0))) != old.get("starttime")
+            except (OSError, ValueError, TypeError):
+                self.after_unclean = False
+            try:
+                os.makedirs(sk.state_dir, exist_ok=True)
+                tmp = self.marker_path + ".%d.tmp" % os.getpid()
+                with open(tmp, "w") as fh:
+                    json.dump({"pid": os.getpid(), "starttime": utils.process_starttime(os.getpid())}, fh)
+                os.replace(tmp, self.marker_path)
+            except OSError:
+                self.marker_path = None
+        if sk.hang_after_requests and (sk.hang_when == "always" or self.after_unclean):
+            tm.hang_after = sk.hang_after_requests
+
+    def _clean_exit_marker(self):
+        if self.marker_path:
+            try:
+                os.unlink(self.marker_path)
+            except OSError:
+                pass
 
     # ================================================================ run
     def run(self) -> int:
@@ -570,6 +733,11 @@ class Engine:
                                        on_shutdown=self._remote_shutdown)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGQUIT, self._launch_phase_sigquit)
+        self.port_plan = ports.plan(sa)
+        if self.node_rank == 0:
+            ports.wait_available(self.port_plan, self.nnodes)
+        for _name, host, port in ports.main_process_ports(self.port_plan, self.nnodes, self.node_rank):
+            self.main_sockets.append(ports.listen(host, port))
         self.spawn_children(ranks)
         if self.node_rank >= 1:
             return self._run_follower()
@@ -581,6 +749,9 @@ class Engine:
             sa, knobs, self.model_config, self.spec, self.dp_size, self.max_total_num_tokens)
         tm.first_request_hook = self._install_running_handlers
         tm.schedulers_alive = self.schedulers_alive
+        self._set_startup_time()
+        if self.pd is not None:
+            self.pd.start_bootstrap_server()
         from sglang.srt.entrypoints.http_server import make_http_server
 
         try:
@@ -594,6 +765,7 @@ class Engine:
             self.kill_process_tree(include_parent=False)
             return 1
         signal.signal(signal.SIGTERM, self._sigterm_dispatch)
+        self._check_previous_stop()
         threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.1},
                          name="http", daemon=True).start()
         uvicorn_logger.info("INFO:     Started server process [%s]", os.getpid())
@@ -620,6 +792,11 @@ class Engine:
         sa, knobs, tm = self.server_args, self.knobs, self.tokenizer_manager
         if sa.skip_server_warmup:
             tm.server_status = ServerStatus.Up
+            if knobs.at_least(0, 5, 23):
+                # _wait_and_warmup: the ready line and the checkpoint deletion run
+                # with --skip-server-warmup too
+                logger.info("The server is fired up and ready to roll!")
+                self._maybe_delete_checkpoint()
             return
         time.sleep(knobs.warmup_s)
         if knobs.hang == "warmup":
@@ -653,6 +830,20 @@ class Engine:
             return
         tm.server_status = ServerStatus.Up
         logger.info("The server is fired up and ready to roll!")
+        self._maybe_delete_checkpoint()
+
+    def _maybe_delete_checkpoint(self):
+        """--delete-ckpt-after-loading: utils/common.py delete_directory(model_path),
+        a shutil.rmtree of the whole model directory after the ready line."""
+        sa = self.server_args
+        if not sa.values.get("delete_ckpt_after_loading"):
+            return
+        import shutil
+
+        try:
+            shutil.rmtree(sa.model_path)
+        except OSError as e:
+            logger.warning("Failed to delete directory %s: %s", sa.model_path, e.strerror)
 
     # ================================================================ followers
     def _remote_shutdown(self):

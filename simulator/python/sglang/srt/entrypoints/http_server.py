@@ -190,6 +190,14 @@ class Handler(_Base):
             "/flush_cache": (("GET", "POST"), self.h_flush_cache),
             "/abort_request": (("POST",), self.h_abort_request),
         }
+        r["/update_weights_from_disk"] = (("POST",), self.h_update_weights_from_disk)
+        if k.at_least(0, 5, 1):
+            r["/update_weight_version"] = (("POST",), self.h_update_weight_version)
+            r["/load_lora_adapter"] = (("POST",), self.h_load_lora_adapter)
+            r["/unload_lora_adapter"] = (("POST",), self.h_unload_lora_adapter)
+            r["/freeze_gc"] = (("GET", "POST"), self.h_freeze_gc)
+        if k.at_least(0, 5, 10):
+            r["/weights_checker"] = (("GET", "POST"), self.h_weights_checker)
         if engine.server_args.enable_metrics:
             r["/metrics"] = (("GET",), self.h_metrics)
         if (0, 4, 10) <= k.vt < (0, 5, 23):
@@ -261,10 +269,15 @@ class Handler(_Base):
         if vt >= (0, 5, 10) and tm.server_status == ServerStatus.Starting:
             self.send_body(503)
             return
+        if path == "/health" and not engine.sk.health_endpoint_generation:
+            self.send_body(200)  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false
+            return
+        if path == "/health_generate" or vt >= (0, 5, 10):
+            tm.auto_create_handle_loop()  # the health request goes through generate_request
         if engine.flap_fail():
             self.send_body(503)
             return
-        if not engine.schedulers_alive():
+        if not engine.schedulers_alive() or tm.hung:
             timeout = engine.knobs.health_check_timeout
             tic = time.time()
             time.sleep(timeout)
@@ -298,9 +311,11 @@ class Handler(_Base):
 
     def h_get_server_info(self):
         self._deprecated("/get_server_info", "/server_info")
+        self.server.engine.tokenizer_manager.auto_create_handle_loop()  # get_internal_state
         self.send_body(200, self.server.engine.server_info())
 
     def h_server_info(self):
+        self.server.engine.tokenizer_manager.auto_create_handle_loop()  # get_internal_state
         self.send_body(200, self.server.engine.server_info())
 
     def h_get_model_info(self):
@@ -311,15 +326,16 @@ class Handler(_Base):
         self.send_body(200, self.server.engine.model_info())
 
     def h_models(self):
-        self.send_body(200, {"object": "list", "data": [self.server.engine.model_card()]})
+        self.send_body(200, {"object": "list", "data": self.server.engine.model_cards()})
 
     def h_model_card(self):
         engine = self.server.engine
         model = urlsplit(self.path).path[len("/v1/models/"):]
         card = engine.model_card()
         if model != card["id"]:
+            kind = "invalid_request_error" if engine.knobs.at_least(0, 5, 23) else "NotFoundError"
             self.send_body(404, {"error": {"message": f"The model '{model}' does not exist",
-                                           "type": "NotFoundError", "param": "model",
+                                           "type": kind, "param": "model",
                                            "code": "model_not_found"}})
             return
         self.send_body(200, card)
@@ -335,6 +351,7 @@ class Handler(_Base):
 
     def h_v1_loads(self):
         engine = self.server.engine
+        engine.tokenizer_manager.auto_create_handle_loop()  # get_loads
         include = self.query.get("include")
         include_set = {s.strip() for s in include.split(",")} if include else None
         valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
@@ -370,15 +387,99 @@ class Handler(_Base):
 
     # ------------------------------------------------------------- control
     def h_flush_cache(self):
-        tm = self.server.engine.tokenizer_manager
-        if tm.num_running() or tm.num_waiting():
-            self.send_body(400, "Cache not flushed. Please check for pending requests.",
-                           "text/plain; charset=utf-8")
-            return
-        tm.seen_prompts.clear()
+        engine = self.server.engine
+        tm = engine.tokenizer_manager
+        tm.auto_create_handle_loop()
+        if not engine.knobs.at_least(0, 5, 23):
+            if tm.num_running() or tm.num_waiting():
+                self.send_body(400, "Cache not flushed. Please check for pending requests.",
+                               "text/plain; charset=utf-8")
+                return
+            tm.seen_prompts.clear()
+        else:
+            # ?timeout=S waits up to S seconds for the server to go idle (flush_wrapper.py)
+            try:
+                timeout = float(self.query.get("timeout", 0.0))
+            except ValueError:
+                self.send_body(422, {"detail": [{"type": "float_parsing", "loc": ["query", "timeout"],
+                                                 "msg": "Input should be a valid number"}]})
+                return
+            deadline = time.monotonic() + max(0.0, timeout)
+            ok = tm.flush_cache()
+            while not ok and time.monotonic() < deadline:
+                time.sleep(0.05)
+                ok = tm.flush_cache()
+            if not ok:
+                self.send_body(400, "Timed out waiting for idle state." if timeout > 0 else "Flush cache failed.\n",
+                               "text/plain; charset=utf-8")
+                return
         self.send_body(200, "Cache flushed.\nPlease check backend logs for more details. "
                             "(When there are running or waiting requests, the operation will "
                             "not be performed.)\n", "text/plain; charset=utf-8")
+
+    # ------------------------------------------------------------- weights, LoRA
+    def _body_with(self, *required):
+        """The JSON body, or None after a FastAPI-style 422 naming the missing fields."""
+        body = self.read_json()
+        if not isinstance(body, dict):
+            self.send_body(422, {"detail": [{"type": "model_attributes_type", "loc": ["body"],
+                                             "msg": "Input should be a valid dictionary or object to extract fields from",
+                                             "input": body}]})
+            return None
+        missing = [f for f in required if f not in body]
+        if missing:
+            self.send_body(422, {"detail": [{"type": "missing", "loc": ["body", f], "msg": "Field required",
+                                             "input": body} for f in missing]})
+            return None
+        return body
+
+    def h_update_weights_from_disk(self):
+        engine = self.server.engine
+        body = self._body_with("model_path")
+        if body is None:
+            return
+        engine.tokenizer_manager.auto_create_handle_loop()
+        status, out = engine.weights.update_from_disk(body)
+        self.send_body(status, out)
+
+    def h_update_weight_version(self):
+        engine = self.server.engine
+        body = self._body_with("new_version")
+        if body is None:
+            return
+        engine.tokenizer_manager.auto_create_handle_loop()
+        status, out = engine.weights.update_version(body)
+        self.send_body(status, out)
+
+    def h_weights_checker(self):
+        engine = self.server.engine
+        body = self._body_with()
+        if body is None:
+            return
+        engine.tokenizer_manager.auto_create_handle_loop()
+        status, out = engine.weights.check(body)
+        self.send_body(status, out)
+
+    def h_load_lora_adapter(self):
+        engine = self.server.engine
+        body = self._body_with("lora_name", "lora_path")
+        if body is None:
+            return
+        engine.tokenizer_manager.auto_create_handle_loop()
+        status, out = engine.lora.load(body)
+        self.send_body(status, out)
+
+    def h_unload_lora_adapter(self):
+        engine = self.server.engine
+        body = self._body_with("lora_name")
+        if body is None:
+            return
+        engine.tokenizer_manager.auto_create_handle_loop()
+        status, out = engine.lora.unload(body)
+        self.send_body(status, out)
+
+    def h_freeze_gc(self):
+        self.send_body(200, "Garbage collection frozen.\n", "text/plain; charset=utf-8")
 
     def h_abort_request(self):
         body = self.read_json()
@@ -392,11 +493,11 @@ class Handler(_Base):
         tm.paused = True
         if (body.get("mode") or "abort") == "abort":
             tm.abort_request(abort_all=True)
-        self.send_body(200, {"success": True, "message": "Generation paused successfully."})
+        self.send_body(200, {"message": "Generation paused successfully.", "status": "ok"})
 
     def h_continue(self):
         self.server.engine.tokenizer_manager.paused = False
-        self.send_body(200, {"success": True, "message": "Generation continued successfully."})
+        self.send_body(200, {"message": "Generation continued successfully.", "status": "ok"})
 
     def h_set_internal_state(self):
         body = self.read_json()
@@ -405,6 +506,7 @@ class Handler(_Base):
                    "dspark_clear_info_records")
         args = body.get("server_args") or {}
         engine = self.server.engine
+        engine.tokenizer_manager.auto_create_handle_loop()
         ok = bool(args) and all(k in allowed for k in args)
         if ok:
             for key, value in args.items():
@@ -412,18 +514,42 @@ class Handler(_Base):
         self.send_body(200, {"updated": ok, "server_args": engine.resolved_args()})
 
     # ------------------------------------------------------------- generate
-    def _run_one(self, text, input_ids, sampling_params, rid, stream_cb=None):
+    def _run_one(self, text, input_ids, sampling_params, rid, stream_cb=None, extra=None):
         engine = self.server.engine
         tm = engine.tokenizer_manager
+        extra = extra or {}
         prompt_tokens = tm.count_prompt_tokens(text, input_ids)
         max_new = (sampling_params or {}).get("max_new_tokens")
         if max_new is None:
             max_new = 128  # SamplingParams default
         key = repr(input_ids) if input_ids is not None else (text or "")
+        if extra.get("lora_path"):
+            engine.lora.lookup(extra["lora_path"])      # ValueError -> 400
         engine.wait_schedulers_or_hang()
-        ids, out_text, meta = tm.generate(rid, prompt_tokens, max_new, on_progress=stream_cb,
-                                          prompt_key=key)
-        return {"text": out_text, "output_ids": ids, "meta_info": meta}
+
+        def run_local(new_tokens, cached_prompt=False):
+            ids, out_text, meta = tm.generate(rid, prompt_tokens, max_new if new_tokens is None else new_tokens,
+                                              on_progress=stream_cb, prompt_key=key,
+                                              cached_prompt=cached_prompt)
+            return {"text": out_text, "output_ids": ids, "meta_info": meta}
+
+        pd = engine.pd
+        if pd is None or tm.server_status != ServerStatus.Up:
+            return run_local(None)
+        from sglang.srt.disaggregation import FAKE_BOOTSTRAP_HOST, PDError
+
+        boot = {k: extra.get(k) for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")}
+        if boot["bootstrap_host"] == FAKE_BOOTSTRAP_HOST:
+            return run_local(1 if pd.mode == "prefill" else None)
+        if boot["bootstrap_host"] is None or boot["bootstrap_room"] is None:
+            raise PDError(400, "PD %s server: the request carries no bootstrap_host/bootstrap_room; send it "
+                               "through a PD router (simulator)" % pd.mode)
+        if boot["bootstrap_port"] is None:
+            boot["bootstrap_port"] = pd.bootstrap_port
+        rid = rid or uuid.uuid4().hex
+        if pd.mode == "prefill":
+            return pd.run_prefill(boot, rid, run_local)
+        return pd.run_decode(boot, rid, lambda n: run_local(n, cached_prompt=True))
 
     def h_generate(self):
         body = self.read_json()
@@ -440,12 +566,23 @@ class Handler(_Base):
         rid = body.get("rid")
         batch = isinstance(text, list) or (isinstance(input_ids, list) and input_ids
                                            and isinstance(input_ids[0], list))
+        extra_keys = ("lora_path", "bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+        def extra_of(i=None):
+            out = {}
+            for k in extra_keys:
+                v = body.get(k)
+                out[k] = v[i] if (i is not None and isinstance(v, list)) else v
+            return out
+
+        from sglang.srt.disaggregation import PDError
+
         if body.get("stream") and not batch:
-            self._stream_generate(text, input_ids, sampling, rid)
+            self._stream_generate(text, input_ids, sampling, rid, extra_of())
             return
         try:
             if not batch:
-                self.send_body(200, self._run_one(text, input_ids, sampling, rid))
+                self.send_body(200, self._run_one(text, input_ids, sampling, rid, extra=extra_of()))
                 return
             items = text if isinstance(text, list) else input_ids
             results = [None] * len(items)
@@ -456,9 +593,9 @@ class Handler(_Base):
                     sp = sampling[i] if isinstance(sampling, list) else sampling
                     r = rid[i] if isinstance(rid, list) else None
                     if isinstance(text, list):
-                        results[i] = self._run_one(items[i], None, sp, r)
+                        results[i] = self._run_one(items[i], None, sp, r, extra=extra_of(i))
                     else:
-                        results[i] = self._run_one(None, items[i], sp, r)
+                        results[i] = self._run_one(None, items[i], sp, r, extra=extra_of(i))
                 except Exception as e:  # pragma: no cover
                     errors.append(e)
 
@@ -470,10 +607,12 @@ class Handler(_Base):
             if errors:
                 raise errors[0]
             self.send_body(200, results)
+        except PDError as e:
+            self.send_body(e.status, {"detail": str(e)} if e.status != 400 else {"error": {"message": str(e)}})
         except ValueError as e:
             self.send_body(400, {"error": {"message": str(e)}})
 
-    def _stream_generate(self, text, input_ids, sampling, rid):
+    def _stream_generate(self, text, input_ids, sampling, rid, extra=None):
         self.send_response_only(200)
         self.send_header("date", self.date_time_string())
         self.send_header("server", "uvicorn")
@@ -490,7 +629,16 @@ class Handler(_Base):
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             self.wfile.flush()
 
-        result = self._run_one(text, input_ids, sampling, rid, stream_cb=cb)
+        try:
+            result = self._run_one(text, input_ids, sampling, rid, stream_cb=cb, extra=extra)
+        except Exception as e:  # ValueError, PDError: reported in the stream (serve_generate_request)
+            err = {"error": {"message": str(e), "type": "invalid_request_error",
+                             "code": getattr(e, "status", 400), "retryable": False}}
+            self.wfile.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self._access_log(200)
+            return
         self.wfile.write(b"data: " + json.dumps(result).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
@@ -540,7 +688,8 @@ def metric_block(name, kind, help_text, samples):
     """Prometheus text for one metric; samples: [(labels dict, value, suffix)]."""
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
     for labels, value, suffix in samples:
-        lab = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        # label order as given: prometheus_client writes labelnames in declaration order
+        lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
         lines.append(f"{name}{suffix}{{{lab}}} {float(value)}")
     return lines
 

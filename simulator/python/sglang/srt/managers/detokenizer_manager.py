@@ -14,6 +14,10 @@ from sglang.srt.managers.scheduler import child_bootstrap
 
 def run_detokenizer_process():
     cfg, chan = child_bootstrap()
+    # attention DP: ZMQ over TCP, the detokenizer binds port_base + 1 (entrypoints/ports.py)
+    from sglang.srt.entrypoints.ports import listen
+
+    bound = [listen(host, int(port)) for host, port in cfg.get("bind") or ()]
     while True:
         try:
             msg = chan.recv(timeout=None)
@@ -23,6 +27,8 @@ def run_detokenizer_process():
             msg = None
         if msg is None or msg.get("cmd") == "shutdown":
             break
+    for sock in bound:
+        sock.close()
     sys.stderr.flush()
     os._exit(0)
 

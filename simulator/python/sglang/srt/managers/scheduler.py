@@ -126,6 +126,7 @@ class ModelRunner:
     def init_memory_pool(self) -> None:
         cfg = self.cfg
         self._allocate(cfg["kv_mib"])
+        time.sleep(cfg.get("kv_alloc_s", 0.0))
         kv_gb = _gib(cfg["kv_cache_mib"]) / 2
         logger.info("KV Cache is allocated. #tokens: %s, K size: %.2f GB, V size: %.2f GB",
                     cfg['max_total_num_tokens'], kv_gb, kv_gb)
@@ -136,24 +137,126 @@ class ModelRunner:
             self.node.release(hid)
         self.holds = []
 
+    def temporary_hold(self, mib: int) -> dict:
+        """Allocate and free ``mib`` (a weight update's staging buffer); reports an OOM."""
+        if mib <= 0:
+            return {"ok": True}
+        try:
+            self._allocate(mib)
+        except OutOfMemoryError as e:
+            return {"ok": False, "error": "torch.OutOfMemoryError: %s" % e}
+        hid = self.holds.pop()
+        self.node.release(hid)
+        return {"ok": True}
+
+
+GRAPH_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend")
+
+
+def bind_store(cfg):
+    """Rank 0's torch.distributed TCPStore on the NCCL port (tcp://--host:nccl_port)."""
+    store = cfg.get("store")
+    if not store:
+        return None
+    from sglang.srt.entrypoints.ports import listen
+
+    host, port = store[0], int(store[1])
+    try:
+        return listen(host, port)
+    except OSError as e:
+        raise DistNetworkError(
+            "The server socket has failed to listen on any local network address. "
+            "port: %d, useIPv6: %d, code: -%d, name: EADDRINUSE, message: address already in use"
+            % (port, int(":" in host), e.errno or 98)) from None
+
+
+class DistNetworkError(RuntimeError):
+    """Stand-in for ``torch.distributed.DistNetworkError``."""
+
+
+DistNetworkError.__module__ = "torch.distributed"
+
+
+def start_port_keeper(socks, linger_s, chan):
+    """SGLANG_SIM_PORT_LINGER_S: a forked child that inherits the listening sockets.
+
+    It has no PDEATHSIG (fork resets it) and stays in the server's session and
+    process group.  When its scheduler is killed it is re-parented and keeps
+    the ports ``linger_s`` more seconds, like a scheduler leftover that a tree
+    walk from the main PID misses (sglang#16756, #31645).  A scheduler that
+    exits gracefully kills it first.  It holds no GPU memory or device file.
+    """
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        try:
+            chan.sock.close()
+        except OSError:
+            pass
+        keep = {s.fileno() for s in socks}
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        for fd in _open_fds():
+            if fd > 2 and fd not in keep and fd != devnull:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        parent = os.getppid()
+        while os.getppid() == parent:
+            time.sleep(0.1)
+        time.sleep(linger_s)
+    finally:
+        os._exit(0)
+
+
+def _open_fds():
+    try:
+        return [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return []
+
 
 class Scheduler:
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, chan=None):
         self.cfg = cfg
+        self.store = bind_store(cfg)
+        self.keeper_pid = None
+        if self.store is not None and cfg.get("port_linger_s", 0) > 0 and chan is not None:
+            self.keeper_pid = start_port_keeper([self.store], cfg["port_linger_s"], chan)
+        tic = time.perf_counter()
         self.model_runner = ModelRunner(cfg)
         self.model_runner.load_model()
+        load_weight = time.perf_counter() - tic
+        tic_kv = time.perf_counter()
         self.model_runner.init_memory_pool()
+        kv_alloc = time.perf_counter() - tic_kv
+        graphs = dict.fromkeys(GRAPH_PHASES, 0.0)
         if cfg.get("cuda_graph"):
             logger.info("Capture cuda graph begin. This can take up to several minutes. avail mem=%.2f GB",
                         _gib(self.model_runner._free_mib()))
-            logger.info("Capture cuda graph end. Time elapsed: 0.01 s. mem usage=%.2f GB. avail mem=%.2f GB.",
-                        _gib(cfg['overhead_mib']), _gib(self.model_runner._free_mib()))
+            tic_graph = time.perf_counter()
+            time.sleep(cfg.get("cuda_graph_s", 0.0))
+            elapsed = time.perf_counter() - tic_graph
+            logger.info("Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB.",
+                        elapsed, _gib(cfg['overhead_mib']), _gib(self.model_runner._free_mib()))
+            # speculation: the target captures verify graphs, the draft its own
+            for phase in (("target_verify", "draft_decode", "draft_extend") if cfg.get("spec")
+                          else ("decode",)):
+                graphs[phase] = elapsed
+        # build_scheduler_startup_time (observability/startup_time.py)
+        self.startup_time = {"load_weight": load_weight, "kv_cache_allocation": kv_alloc,
+                             "scheduler_e2e": time.perf_counter() - cfg.get("t_start", tic),
+                             "cuda_graph": graphs}
 
     def get_init_info(self) -> dict:
         cfg = self.cfg
         return {"event": "ready", "status": "ready", "pid": os.getpid(),
                 "max_total_num_tokens": cfg["max_total_num_tokens"],
-                "max_req_input_len": cfg["max_req_input_len"]}
+                "max_req_input_len": cfg["max_req_input_len"],
+                "startup_time": self.startup_time}
 
     def run_event_loop(self, chan) -> None:
         cfg = self.cfg
@@ -177,7 +280,22 @@ class Scheduler:
             if msg.get("cmd") == "shutdown":
                 time.sleep(cfg["shutdown_s"])  # SGLANG_SIM_SHUTDOWN_S
                 self.model_runner.release()
+                self.stop_keeper()
                 return
+            if msg.get("cmd") == "hold":
+                self.reply(chan, msg, self.model_runner.temporary_hold(int(msg["mib"])))
+
+    def reply(self, chan, msg, result):
+        chan.send({"event": "reply", "id": msg.get("id"), "result": result})
+
+    def stop_keeper(self):
+        if self.keeper_pid:
+            try:
+                os.kill(self.keeper_pid, signal.SIGKILL)
+                os.waitpid(self.keeper_pid, 0)
+            except OSError:
+                pass
+            self.keeper_pid = None
 
     def _hard_crash(self) -> None:
         # SGLANG_SIM_CRASH_AFTER_S: a C++-level failure (NCCL watchdog ->
@@ -213,15 +331,19 @@ def child_bootstrap():
 
 
 def run_scheduler_process():
+    t_start = time.perf_counter()
     cfg, chan = child_bootstrap()
+    cfg["t_start"] = t_start
     scheduler = None
     try:
-        scheduler = Scheduler(cfg)
+        scheduler = Scheduler(cfg, chan)
         chan.send(scheduler.get_init_info())
         scheduler.run_event_loop(chan)
     except Exception:
         tb = get_exception_traceback()
         logger.error("Scheduler hit an exception: %s", tb)
+        if scheduler is not None:
+            scheduler.stop_keeper()
         try:
             os.kill(cfg["ppid"], signal.SIGQUIT)
         except OSError:

@@ -40,6 +40,107 @@ class AbortedError(Exception):
     pass
 
 
+class SpecWindow:
+    """One scheduler's decode statistics between two reports (metrics_reporter.py).
+
+    Real SGLang reports every ``decode_log_interval`` decode iterations: the
+    gauges ``sglang:spec_accept_length`` (accepted tokens / requests summed
+    over those iterations' verify forwards) and ``sglang:spec_accept_rate``
+    (correct drafts / (requests x drafts per round)), then resets the
+    counters.  Here an iteration is one verify step of the batch: a request
+    that takes a step while ``n`` requests run on its rank advances the
+    rank's iteration count by ``1 / n``.
+    """
+
+    def __init__(self, interval, drafts_per_round):
+        self.interval = max(1, int(interval))
+        self.drafts_per_round = max(0, int(drafts_per_round))
+        self.iterations = 0.0
+        self.reports = 0
+        self.accepted = 0
+        self.correct = 0
+        self.forwards = 0
+        self.generated = 0
+        self.accept_length = 0.0
+        self.accept_rate = 0.0
+        self.gen_throughput = 0.0
+        self.last_report = time.time()
+
+    def step(self, tokens, running):
+        """Record one verify step of one request; True when a report is due."""
+        self.accepted += tokens
+        self.correct += max(0, tokens - 1)
+        self.forwards += 1
+        self.generated += tokens
+        self.iterations += 1.0 / max(1, running)
+        if int(self.iterations // self.interval) > self.reports:
+            self.reports = int(self.iterations // self.interval)
+            return True
+        return False
+
+    def report(self, spec_enabled, time_scale):
+        now = time.time()
+        if spec_enabled and self.forwards:
+            self.accept_length = self.accepted / float(self.forwards)
+            total = self.forwards * self.drafts_per_round
+            self.accept_rate = self.correct / float(total) if total else 0.0
+        gap = (now - self.last_report) / time_scale if time_scale > 0 else 0.0
+        self.gen_throughput = self.generated / gap if gap > 0 else 0.0
+        self.last_report = now
+        self.accepted = self.correct = self.forwards = self.generated = 0
+
+
+class RWLock:
+    """Writer-preferring readers/writer lock (the TokenizerManager's model_update_lock):
+    requests hold it shared; a weight update waits for them and holds new ones back."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    class _Ctx:
+        def __init__(self, enter, leave):
+            self._enter, self._leave = enter, leave
+
+        def __enter__(self):
+            self._enter()
+
+        def __exit__(self, *exc):
+            self._leave()
+
+    def _acquire_read(self):
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def _release_read(self):
+        with self._cond:
+            self._readers -= 1
+            self._cond.notify_all()
+
+    def _acquire_write(self):
+        with self._cond:
+            self._writers_waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writers_waiting -= 1
+            self._writer = True
+
+    def _release_write(self):
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+    def reader(self):
+        return self._Ctx(self._acquire_read, self._release_read)
+
+    def writer(self):
+        return self._Ctx(self._acquire_write, self._release_write)
+
+
 class ReqState:
     def __init__(self, rid, dp_rank, prompt_tokens, health=False):
         self.rid = rid
@@ -88,7 +189,18 @@ class TokenizerManager:
         self.spec_correct_total = 0
         self.spec_proposed_total = 0
         self.window = collections.deque(maxlen=max(1, int(server_args.decode_log_interval or 40)) * 8)
+        drafts = max(0, (spec_model.num_draft_tokens or 1) - 1) if spec_model.enabled else 0
+        self.spec_windows = [SpecWindow(server_args.decode_log_interval or 40, drafts)
+                             for _d in range(self.dp_size)]
         self.decode_steps_total = 0
+        # sglang#22779 (SGLANG_SIM_HANG_AFTER_REQUESTS): requests after the N-th never answer
+        self.hang_after = 0
+        self.user_requests = 0
+        self.hung = False
+        self.weight_version = server_args.values.get("weight_version") or "default"
+        self.served_model_name = server_args.served_model_name
+        self.model_update_lock = RWLock()
+        self.startup_time = None
         self.last_gen_throughput = 0.0
         self.e2e_hist = [0] * (len(E2E_BUCKETS) + 1)
         self.e2e_sum = 0.0
@@ -150,7 +262,9 @@ class TokenizerManager:
         return ids, words
 
     # -------------------------------------------------------------- generate
-    def _on_first_request(self):
+    def auto_create_handle_loop(self):
+        """SGLang's TokenizerManager.auto_create_handle_loop: the first call of
+        any control or generate path installs the SIGTERM/SIGQUIT handlers."""
         with self.lock:
             if self._first_request_done:
                 return
@@ -158,6 +272,8 @@ class TokenizerManager:
         hook = self.first_request_hook
         if hook is not None:
             hook()
+
+    _on_first_request = auto_create_handle_loop
 
     def abort_request(self, rid=None, abort_all=False) -> int:
         n = 0
@@ -168,14 +284,33 @@ class TokenizerManager:
                     n += 1
         return n
 
+    def flush_cache(self) -> bool:
+        """Scheduler.flush_cache: only when idle."""
+        with self.lock:
+            if any(self.running) or any(self.waiting):
+                logger.warning("Cache not flushed because there are pending requests. #queue-req: %s, "
+                               "#running-req: %s", sum(self.waiting), sum(self.running))
+                return False
+            self.seen_prompts.clear()
+        logger.info("Cache flushed successfully!")
+        return True
+
     def generate(self, rid, prompt_tokens, max_new_tokens, on_progress=None, health=False,
-                 prompt_key=None):
+                 prompt_key=None, cached_prompt=False):
         """Run one request; returns ``(output_ids, text, meta_info)``.
 
         ``on_progress(output_ids, text, verify_steps_done)`` is called after
-        each verify step when streaming.
+        each verify step when streaming.  Holds the model_update_lock shared.
         """
         self._on_first_request()
+        if health:
+            return self._generate(rid, prompt_tokens, max_new_tokens, on_progress, health, prompt_key,
+                                  cached_prompt)
+        with self.model_update_lock.reader():
+            return self._generate(rid, prompt_tokens, max_new_tokens, on_progress, health, prompt_key,
+                                  cached_prompt)
+
+    def _generate(self, rid, prompt_tokens, max_new_tokens, on_progress, health, prompt_key, cached_prompt):
         rid = rid or uuid.uuid4().hex
         max_new_tokens = max(0, int(max_new_tokens))
         with self.lock:
@@ -195,13 +330,18 @@ class TokenizerManager:
             state.running = True
             queue_wall = time.time() - t_enqueue
             # Radix cache: a prompt seen before is served from cache except its last token.
-            cached = 0
-            if prompt_key is not None and not health:
+            cached = max(0, prompt_tokens - 1) if cached_prompt else 0
+            if prompt_key is not None and not health and not cached_prompt:
                 if prompt_key in self.seen_prompts:
                     cached = max(0, prompt_tokens - 1)
                 else:
                     self.seen_prompts.add(prompt_key)
             self._req_counter += 1
+            hang = False
+            if not health and self.server_status == ServerStatus.Up:
+                self.user_requests += 1
+                if self.hang_after and self.user_requests > self.hang_after:
+                    hang = self.hung = True
             plan = self.spec.plan(max_new_tokens, self.rng)
             running_now, queued_now = sum(self.running), sum(self.waiting)
         if not health:
@@ -215,6 +355,12 @@ class TokenizerManager:
         aborted = False
         i = 0
         try:
+            if hang:
+                # the scheduler stopped producing: the request never finishes
+                # (only an abort or the shutdown ends it)
+                state.abort.wait()
+                plan = []
+                aborted = True
             if plan:
                 state.rate = (sum(plan) / (len(plan) * step_s)) if step_s > 0 else 0.0
             # Sleep in slices: per verify step when streaming, else in ~50 ms slices.
@@ -228,9 +374,18 @@ class TokenizerManager:
                 produced += sum(chunk)
                 sim_elapsed += len(chunk) * step_s
                 i += len(chunk)
+                lines = []
                 with self.lock:
                     state.generated = produced
                     self.last_receive_tstamp = time.time()
+                    if not health:
+                        win = self.spec_windows[dp_rank]
+                        for n in chunk:
+                            if win.step(n, self.running[dp_rank]):
+                                win.report(self.spec.enabled, self.knobs.time_scale)
+                                lines.append(self._decode_log_line(dp_rank))
+                for line in lines:
+                    logger.info(line)
                 if on_progress is not None:
                     on_progress(ids[:produced], " " + " ".join(words[:produced]) if produced else "",
                                 i)
@@ -252,7 +407,7 @@ class TokenizerManager:
         meta["prompt_tokens"] = prompt_tokens
         vt = self.knobs.vt
         if vt >= (0, 5, 10):
-            meta.update({"weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0})
+            meta.update({"weight_version": self.weight_version, "num_retractions": 0, "reasoning_tokens": 0})
         meta.update({"completion_tokens": produced, "cached_tokens": cached})
         # Simulated seconds: time waiting for a running slot plus decode time.
         scale = self.knobs.time_scale
@@ -282,7 +437,6 @@ class TokenizerManager:
         return min(1.0, self.used_tokens() / float(total))
 
     def _account(self, prompt_tokens, produced, cached, steps, e2e, decode_s):
-        line = None
         with self.lock:
             self.num_requests_total += 1
             self.prompt_tokens_total += prompt_tokens
@@ -304,26 +458,26 @@ class TokenizerManager:
                 self.spec_correct_total += sum(steps) - len(steps)
                 self.spec_proposed_total += len(steps) * max(0, (self.spec.num_draft_tokens or 1) - 1)
                 self.window.extend(steps)
-            before = self.decode_steps_total
             self.decode_steps_total += len(steps)
-            interval = max(1, int(self.server_args.decode_log_interval or 40))
-            if self.decode_steps_total // interval > before // interval:
-                line = self._decode_log_line()
-        if line:
-            logger.info(line)
 
-    def _decode_log_line(self) -> str:
-        parts = [f"Decode batch, #running-req: {sum(self.running)}",
-                 f"#token: {sum(s.prompt_tokens + s.generated for s in self.rid_to_state.values())}",
+    def _decode_log_line(self, dp_rank=0) -> str:
+        """The scheduler's periodic line (metrics_reporter.py report_decode_stats); lock held."""
+        win = self.spec_windows[dp_rank]
+        parts = [f"Decode batch, #running-req: {self.running[dp_rank]}",
+                 f"#token: {sum(s.prompt_tokens + s.generated for s in self.rid_to_state.values() if s.dp_rank == dp_rank)}",
                  "token usage: 0.00"]
         if self.spec.enabled:
-            steps = list(self.window)
-            if steps:
-                acc = sum(steps) / len(steps)
-                rate = (sum(steps) - len(steps)) / (len(steps) * max(1, (self.spec.num_draft_tokens or 1) - 1))
-                parts.append(f"accept len: {acc:.2f}")
-                parts.append(f"accept rate: {rate:.2f}")
+            parts.append(f"accept len: {win.accept_length:.2f}")
+            parts.append(f"accept rate: {win.accept_rate:.2f}")
         parts.append("cuda graph: True")
-        parts.append(f"gen throughput (token/s): {self.last_gen_throughput:.2f}")
-        parts.append(f"#queue-req: {sum(self.waiting)},")
+        parts.append(f"gen throughput (token/s): {win.gen_throughput:.2f}")
+        parts.append(f"#queue-req: {self.waiting[dp_rank]}")
         return ", ".join(parts)
+
+    def spec_gauges(self, dp_rank=0):
+        """(accept_length, accept_rate) as the last report set them (0 before any)."""
+        with self.lock:
+            win = self.spec_windows[dp_rank]
+            if not self.spec.enabled:
+                return 0.0, 0.0
+            return win.accept_length, win.accept_rate
