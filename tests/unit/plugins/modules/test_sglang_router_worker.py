@@ -1,15 +1,25 @@
-"""Unit tests for sglang_router_worker: the pure helpers (URL normalisation,
-id lookup, API version detection, load parsing from /v1/loads, /metrics and
-/get_load) and the module flow in-process against small fake routers (0.3 and
-0.1 APIs) and a fake worker, served from threads on loopback (no processes).
+"""Unit tests for sglang_router_worker (logic in module_utils/router.py): the
+pure helpers (URL normalisation, worker lists, API detection, the last-worker
+check, load parsing from /v1/loads, /metrics and /get_load) and the module
+flow in-process against small fake routers and a fake server, served from
+threads on loopback (no processes).
 
-The behaviour of the fake 0.3 router copies what the real smg 0.3.2 does (see
-the module's notes): 202 + worker_id on POST, the worker listed only once the
-job ends, DELETE by UUID, 400 for a non-UUID id, 401 without the key."""
+The fake routers copy what the real binaries did when measured (docs/router.md):
+smg 1.13.0 ("1": workers carry ``status``; DELETE -> draining for ``settle``
+seconds, still counted in ``load``; 409 for a URL it already has; a failed
+AddWorker job vanishes; ``/get_loads`` carries ``"version": "smg-1.13.0"``) and
+sglang-router 0.3.2 ("0.3": ``is_healthy`` only, DELETE drops at once, a
+repeated POST gives the same id). tests/integration/test_router_rolling.py runs
+the real binaries."""
 from __future__ import annotations
 
 import http.server
 import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -17,7 +27,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.modules import sglang_router_worker as m
+from ansible_collections.gpufleet.sglang.plugins.module_utils import router as r
+from ansible_collections.gpufleet.sglang.plugins.modules import sglang_router_worker as module
 
 ROUTER_KEY = "rk-unit-51d0"
 WORKER_KEY = "wk-unit-9e22"
@@ -42,19 +53,19 @@ WORKER_KEY = "wk-unit-9e22"
     ("http://h:1/?x=1#frag", "http://h:1"),
 ])
 def test_normalize_url(raw, expected):
-    assert m.normalize_url(raw) == expected
+    assert r.normalize_url(raw) == expected
 
 
 @pytest.mark.parametrize("raw", ["", "   ", "http://:30000", "ftp://h:1", "http://h:notaport"])
 def test_normalize_url_rejects(raw):
     with pytest.raises(ValueError):
-        m.normalize_url(raw)
+        r.normalize_url(raw)
 
 
 def test_same_url():
-    assert m.same_url("http://H:1/", "h:1")
-    assert not m.same_url("http://h:1", "http://h:2")
-    assert not m.same_url("", "http://h:1")
+    assert r.same_url("http://H:1/", "h:1")
+    assert not r.same_url("http://h:1", "http://h:2")
+    assert not r.same_url("", "http://h:1")
 
 
 ROUTER_03 = {
@@ -68,53 +79,106 @@ ROUTER_03 = {
     "total": 3,
     "stats": {"prefill_count": 0, "decode_count": 0, "regular_count": 3},
 }
+# Trimmed from a real smg 1.13.0 answer (labels, models and engine_load shortened).
+ROUTER_1 = {
+    "workers": [
+        {"id": "01a2333f-442d-727f-ab0d-fb460bf1a5fb", "model_id": "/models/qwen", "url": "http://127.0.0.1:50653",
+         "worker_type": "regular", "connection_mode": "http", "runtime_type": "sglang", "priority": 50, "cost": 1.0,
+         "is_healthy": True, "status": "ready", "load": 2, "labels": {"tp_size": "1"},
+         "engine_load": {"loads": [{"dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 0}]}},
+        {"id": "01a2333f-4505-7710-9dda-583dfab81cc1", "model_id": "/models/qwen", "url": "http://127.0.0.1:56765",
+         "worker_type": "regular", "is_healthy": False, "status": "draining", "load": 6},
+        {"id": "01a2333f-4505-7710-9dda-583dfab81cc2", "model_id": "/models/qwen", "url": "http://127.0.0.1:56766",
+         "worker_type": "Decode", "is_healthy": False, "status": "FAILED"},
+    ],
+    "total": 3,
+    "stats": {"prefill_count": 0, "decode_count": 1, "regular_count": 2},
+}
 
 
 def test_parse_workers_03():
-    workers = m.parse_workers(ROUTER_03, "0.3")
+    workers = r.parse_workers(ROUTER_03, "0.3")
     assert workers[0] == {"id": "67004696-985a-4e18-854b-9abdcbaa518b", "url": "http://127.0.0.1:41001",
-                          "is_healthy": True, "load": 3}
-    assert [w["is_healthy"] for w in workers] == [True, False, True]
+                          "status": "ready", "is_healthy": True, "load": 3, "model_id": "m", "worker_type": "regular"}
+    assert [w["status"] for w in workers] == ["ready", "not_ready", "ready"]
+    assert workers[1]["model_id"] is None and workers[1]["worker_type"] == "regular"
+
+
+def test_parse_workers_1():
+    workers = r.parse_workers(ROUTER_1, "1")
+    assert workers[0] == {"id": "01a2333f-442d-727f-ab0d-fb460bf1a5fb", "url": "http://127.0.0.1:50653",
+                          "status": "ready", "is_healthy": True, "load": 2, "model_id": "/models/qwen",
+                          "worker_type": "regular"}
+    assert [(w["status"], w["load"], w["worker_type"]) for w in workers] == [
+        ("ready", 2, "regular"), ("draining", 6, "regular"), ("failed", None, "decode")]
 
 
 def test_parse_workers_01_shapes():
-    assert m.parse_workers({"urls": ["http://a:1", "http://b:2"]}, "0.1") == [
-        {"id": None, "url": "http://a:1", "is_healthy": None, "load": None},
-        {"id": None, "url": "http://b:2", "is_healthy": None, "load": None}]
-    assert [w["url"] for w in m.parse_workers(["http://a:1"], "0.1")] == ["http://a:1"]
-    assert [w["url"] for w in m.parse_workers({"workers": [{"url": "http://a:1"}, 7]}, "0.1")] == ["http://a:1"]
+    assert r.parse_workers({"urls": ["http://a:1", "http://b:2"]}, "0.1") == [
+        {"id": None, "url": "http://a:1", "status": None, "is_healthy": None, "load": None, "model_id": None,
+         "worker_type": "regular"},
+        {"id": None, "url": "http://b:2", "status": None, "is_healthy": None, "load": None, "model_id": None,
+         "worker_type": "regular"}]
+    assert [w["url"] for w in r.parse_workers(["http://a:1"], "0.1")] == ["http://a:1"]
+    assert [w["url"] for w in r.parse_workers({"workers": [{"url": "http://a:1"}, 7]}, "0.1")] == ["http://a:1"]
 
 
 @pytest.mark.parametrize("data, version", [
-    ({"urls": "x"}, "0.1"), ("text", "0.1"), ({"workers": None}, "0.3"), ([], "0.3"),
+    ({"urls": "x"}, "0.1"), ("text", "0.1"), ({"workers": None}, "0.3"), ([], "0.3"), ({"workers": {}}, "1"),
 ])
 def test_parse_workers_rejects(data, version):
     with pytest.raises(ValueError):
-        m.parse_workers(data, version)
+        r.parse_workers(data, version)
 
 
 def test_find_workers_matches_every_spelling():
-    workers = m.parse_workers(ROUTER_03, "0.3")
-    found = m.find_workers(workers, "http://127.0.0.1:41002")
+    workers = r.parse_workers(ROUTER_03, "0.3")
+    found = r.find_workers(workers, "http://127.0.0.1:41002")
     assert [w["id"] for w in found] == ["0bb65be2-4fa6-4b72-9bb2-5d84d730380f", "b44bf9b1-2f11-4996-8a67-36b73a70e901"]
-    assert [w["id"] for w in m.find_workers(workers, "127.0.0.1:41001/")] == ["67004696-985a-4e18-854b-9abdcbaa518b"]
-    assert m.find_workers(workers, "http://127.0.0.1:41003") == []
+    assert [w["id"] for w in r.find_workers(workers, "127.0.0.1:41001/")] == ["67004696-985a-4e18-854b-9abdcbaa518b"]
+    assert r.find_workers(workers, "http://127.0.0.1:41003") == []
+
+
+def _w(url, status="ready", model="m", role="regular"):
+    return {"id": None, "url": url, "status": status, "is_healthy": status == "ready", "load": 0, "model_id": model,
+            "worker_type": role}
+
+
+def test_ready_peers_same_model_and_role_only():
+    me = _w("http://a:1")
+    workers = [me, _w("http://a:1/", "ready"), _w("http://b:1", "pending"), _w("http://c:1", "not_ready"),
+               _w("http://d:1", "draining"), _w("http://e:1", model="other"), _w("http://f:1", role="decode")]
+    assert r.ready_peers(workers, "http://a:1", me, "1") == []
+    workers.append(_w("http://g:1"))
+    assert [w["url"] for w in r.ready_peers(workers, "http://a:1", me, "1")] == ["http://g:1"]
+    # 0.1 reports neither health nor model: every other listed URL counts.
+    plain = [{"url": u, "status": None, "model_id": None, "worker_type": "regular"} for u in ("http://a:1", "http://b:1")]
+    assert [w["url"] for w in r.ready_peers(plain, "http://a:1", plain[0], "0.1")] == ["http://b:1"]
+    assert r.is_ready(plain[0], "0.1") and not r.is_ready(_w("x", "failed"), "1")
 
 
 def test_detect_api_version():
-    assert m.detect_api_version((200, {"workers": [], "total": 0})) == "0.3"
-    assert m.detect_api_version((404, "Not Found")) is None
-    assert m.detect_api_version((404, ""), (200, {"urls": []})) == "0.1"
-    with pytest.raises(m.RouterError, match="api_key"):
-        m.detect_api_version((401, ""))
-    with pytest.raises(m.RouterError, match="api_key"):
-        m.detect_api_version((404, ""), (403, ""))
-    with pytest.raises(m.RouterError, match="list_workers"):
-        m.detect_api_version((404, ""), (500, "boom"))
-    with pytest.raises(m.RouterError, match="api_version"):
-        m.detect_api_version((200, {"something": "else"}))
-    with pytest.raises(m.RouterError, match="HTTP 502"):
-        m.detect_api_version((502, "bad gateway"))
+    one = {"workers": [{"url": "http://a:1", "status": "ready", "is_healthy": True}]}
+    three = {"workers": [{"url": "http://a:1", "is_healthy": True}]}
+    empty = {"workers": [], "total": 0}
+    assert r.detect_api_version((200, one)) == "1"
+    assert r.detect_api_version((200, three)) == "0.3"
+    assert r.detect_api_version((200, empty)) is None
+    assert r.detect_api_version((200, empty), loads_probe=(200, {"version": "smg-1.13.0", "loads": []})) == "1"
+    assert r.detect_api_version((200, empty), loads_probe=(200, {"workers": []})) == "0.3"
+    assert r.detect_api_version((200, empty), loads_probe=(404, "")) == "0.3"
+    assert r.detect_api_version((404, "Not Found")) is None
+    assert r.detect_api_version((404, ""), (200, {"urls": []})) == "0.1"
+    with pytest.raises(r.RouterError, match="api_key"):
+        r.detect_api_version((401, ""))
+    with pytest.raises(r.RouterError, match="api_key"):
+        r.detect_api_version((404, ""), (403, ""))
+    with pytest.raises(r.RouterError, match="list_workers"):
+        r.detect_api_version((404, ""), (500, "boom"))
+    with pytest.raises(r.RouterError, match="api_version"):
+        r.detect_api_version((200, {"something": "else"}))
+    with pytest.raises(r.RouterError, match="HTTP 502"):
+        r.detect_api_version((502, "bad gateway"))
 
 
 V1_LOADS = {
@@ -129,15 +193,15 @@ V1_LOADS = {
 
 
 def test_load_from_v1_loads():
-    assert m.load_from_v1_loads(V1_LOADS) == 3 + 2 + 1 + 1 + 2 + 1
-    assert m.load_from_v1_loads({"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}) == 0
-    assert m.load_from_v1_loads([{"num_running_reqs": 2}]) == 2
-    assert m.load_from_v1_loads({"loads": []}) is None
-    assert m.load_from_v1_loads({"loads": [{"dp_rank": 0}]}) is None
-    assert m.load_from_v1_loads({"loads": [{"num_running_reqs": True}, "x"]}) is None
-    assert m.load_from_v1_loads("text") is None
-    assert m.load_from_v1_loads({"loads": [{"num_running_reqs": 2.0}]}) == 2
-    assert m.load_from_v1_loads({"loads": [{"num_running_reqs": float("inf")}]}) is None
+    assert r.load_from_v1_loads(V1_LOADS) == 3 + 2 + 1 + 1 + 2 + 1
+    assert r.load_from_v1_loads({"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}) == 0
+    assert r.load_from_v1_loads([{"num_running_reqs": 2}]) == 2
+    assert r.load_from_v1_loads({"loads": []}) is None
+    assert r.load_from_v1_loads({"loads": [{"dp_rank": 0}]}) is None
+    assert r.load_from_v1_loads({"loads": [{"num_running_reqs": True}, "x"]}) is None
+    assert r.load_from_v1_loads("text") is None
+    assert r.load_from_v1_loads({"loads": [{"num_running_reqs": 2.0}]}) == 2
+    assert r.load_from_v1_loads({"loads": [{"num_running_reqs": float("inf")}]}) is None
 
 
 METRICS = """\
@@ -156,46 +220,55 @@ sglang:num_running_reqs{model_name="m",dp_rank="1",tp_rank="0"} not-a-number
 
 
 def test_parse_metrics():
-    samples = m.parse_metrics(METRICS)
+    samples = r.parse_metrics(METRICS)
     assert ("sglang:num_used_tokens", {"model_name": "m", "tp_rank": "0"}, 999.0) in samples
-    names = [s[0] for s in samples]
-    assert "garbage" not in names
+    assert "garbage" not in [s[0] for s in samples]
 
 
 def test_load_from_metrics():
     # tp_rank 1 repeats tp_rank 0's requests and is skipped.
-    assert m.load_from_metrics(METRICS) == 4 + 2 + 1
-    assert m.load_from_metrics("sglang:num_running_reqs 0\nsglang:num_queue_reqs 0.0\n") == 0
-    assert m.load_from_metrics("sglang:num_running_reqs NaN\n") is None
-    assert m.load_from_metrics("sglang:num_running_reqs +Inf\n") is None
-    assert m.load_from_metrics("# nothing\nsglang:token_usage 0.5\n") is None
-    assert m.load_from_metrics("") is None
+    assert r.load_from_metrics(METRICS) == 4 + 2 + 1
+    assert r.load_from_metrics("sglang:num_running_reqs 0\nsglang:num_queue_reqs 0.0\n") == 0
+    assert r.load_from_metrics("sglang:num_running_reqs NaN\n") is None
+    assert r.load_from_metrics("sglang:num_running_reqs +Inf\n") is None
+    assert r.load_from_metrics("# nothing\nsglang:token_usage 0.5\n") is None
+    assert r.load_from_metrics("") is None
 
 
 def test_load_from_get_load():
-    assert m.load_from_get_load([{"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 10},
+    assert r.load_from_get_load([{"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 10},
                                  {"dp_rank": 1, "num_reqs": 1, "num_waiting_reqs": 0}]) == 6
-    assert m.load_from_get_load({"num_running_reqs": 1, "num_waiting_reqs": 1}) == 2
-    assert m.load_from_get_load([{"dp_rank": 0}]) is None
-    assert m.load_from_get_load("x") is None
+    assert r.load_from_get_load({"num_running_reqs": 1, "num_waiting_reqs": 1}) == 2
+    assert r.load_from_get_load([{"dp_rank": 0}]) is None
+    assert r.load_from_get_load("x") is None
 
 
 def test_deadline():
-    d = m.Deadline(0.2)
+    d = r.Deadline(0.2)
     assert 0 < d.left() <= 0.2
     assert d.clamp(10) <= 0.2
     assert not d.expired()
-    assert m.Deadline(0).expired()
-    assert m.Deadline(0).clamp(5) == 0.05
+    assert r.Deadline(0).expired()
+    assert r.Deadline(0).clamp(5) == 0.05
 
 
 def test_describe_truncates():
-    assert m._describe("x" * 1000).endswith("...")
-    assert m._describe({"a": 1}) == "{'a': 1}"
+    assert r.describe("x" * 1000).endswith("...")
+    assert r.describe({"a": 1}) == "{'a': 1}"
+
+
+def test_module_uses_the_shared_argument_spec():
+    assert module.argument_spec is r.argument_spec
+    spec = r.argument_spec()
+    assert spec["api_version"]["choices"] == ["auto", "1", "0.3", "0.1"]
+    assert spec["allow_last"] == {"type": "bool", "default": False}
+    assert spec["api_key"]["no_log"] is True and spec["worker_api_key"]["no_log"] is True
+    for name, opt in spec.items():
+        assert "type" in opt, name
 
 
 # --------------------------------------------------------------------------
-# Fakes: a router (0.3 or 0.1 API) and a worker, on loopback threads
+# Fakes: a router (smg 1.x, 0.3 or 0.1 API) and a server, on loopback threads
 # --------------------------------------------------------------------------
 
 class _Base(http.server.BaseHTTPRequestHandler):
@@ -224,23 +297,28 @@ class _Base(http.server.BaseHTTPRequestHandler):
 
 
 class FakeRouter(object):
-    """State of a fake router; ``api`` is "0.3" or "0.1"."""
+    """State of a fake router; ``api`` is "1" (smg 1.x), "0.3" or "0.1"."""
 
-    def __init__(self, api="0.3", api_key=None, add_delay=0.0, healthy_after=0.0, fail_add=None, ignore_delete=False):
+    def __init__(self, api="0.3", api_key=None, add_delay=0.0, healthy_after=0.0, fail_add=None, ignore_delete=False,
+                 settle=0.0, model="m"):
         self.api = api
         self.api_key = api_key
         self.add_delay = add_delay          # seconds before a queued add shows up
-        self.healthy_after = healthy_after  # seconds after listing until is_healthy
-        self.fail_add = fail_add            # message of a failing AddWorker job
+        self.healthy_after = healthy_after  # seconds after listing until healthy (0.3) / ready (1: pending before)
+        self.fail_add = fail_add            # message of a failing AddWorker job (1: the job just vanishes)
         self.ignore_delete = ignore_delete  # accept DELETE but never remove
-        self.workers = {}                   # id -> {"url", "since", "api_key"}
+        self.settle = settle                # smg 1.x: seconds a removed worker stays "draining"
+        self.model = model
+        self.workers = {}                   # id -> {"url", "since", "api_key", "status", "load", "gone_at", ...}
         self.jobs = {}                      # id -> {"url", "status", "message", "at", "api_key"}
         self.calls = []                     # (method, path, body, authorization)
         self.lock = threading.Lock()
 
-    def add_existing(self, url, healthy=True):
+    def add_existing(self, url, healthy=True, status=None, load=0, model=None, worker_type="regular"):
         wid = str(uuid.uuid4())
-        self.workers[wid] = {"url": url, "since": time.monotonic() - (0 if healthy else -3600), "api_key": None}
+        self.workers[wid] = {"url": url, "since": time.monotonic() - (0 if healthy else -3600), "api_key": None,
+                             "status": status or ("ready" if healthy else "not_ready"), "load": load,
+                             "gone_at": None, "model": model or self.model, "worker_type": worker_type}
         return wid
 
     def _promote(self):
@@ -248,15 +326,32 @@ class FakeRouter(object):
         for wid, job in list(self.jobs.items()):
             if job["status"] == "processing" and now >= job["at"]:
                 if self.fail_add:
-                    job.update(status="failed", message=self.fail_add)
+                    if self.api == "1":
+                        del self.jobs[wid]
+                    else:
+                        job.update(status="failed", message=self.fail_add)
                 else:
-                    self.workers[wid] = {"url": job["url"], "since": now, "api_key": job["api_key"]}
+                    self.workers[wid] = {"url": job["url"], "since": now, "api_key": job["api_key"], "status": "pending",
+                                         "load": 0, "gone_at": None, "model": self.model,
+                                         "worker_type": job["worker_type"]}
                     del self.jobs[wid]
+        for wid, w in list(self.workers.items()):
+            if w["gone_at"] is not None and now >= w["gone_at"]:
+                del self.workers[wid]
+            elif w["status"] == "pending" and now - w["since"] >= self.healthy_after:
+                w["status"] = "ready"
 
     def listing(self):
         now = time.monotonic()
-        return [{"id": wid, "url": w["url"], "model_id": "m", "is_healthy": now - w["since"] >= self.healthy_after,
-                 "load": 0, "worker_type": "regular"} for wid, w in self.workers.items()]
+        out = []
+        for wid, w in self.workers.items():
+            item = {"id": wid, "url": w["url"], "model_id": w["model"], "load": w["load"], "worker_type": w["worker_type"]}
+            if self.api == "1":
+                item.update(status=w["status"], is_healthy=w["status"] == "ready")
+            else:
+                item["is_healthy"] = w["status"] != "not_ready" and now - w["since"] >= self.healthy_after
+            out.append(item)
+        return out
 
     def handler(self):
         router = self
@@ -278,9 +373,13 @@ class FakeRouter(object):
                 path = urlsplit(self.path).path
                 with router.lock:
                     router._promote()
-                    if router.api == "0.3":
+                    if router.api in ("1", "0.3"):
                         if path == "/workers":
                             return self.reply(200, {"workers": router.listing(), "total": len(router.workers), "stats": {}})
+                        if path == "/get_loads":
+                            if router.api == "1":
+                                return self.reply(200, {"version": "smg-1.13.0", "dp_rank_count": 0, "loads": []})
+                            return self.reply(200, {"workers": []})
                         if path.startswith("/workers/"):
                             wid = path.split("/", 2)[2]
                             for w in router.listing():
@@ -302,13 +401,18 @@ class FakeRouter(object):
                     return
                 parts = urlsplit(self.path)
                 with router.lock:
-                    if router.api == "0.3" and parts.path == "/workers":
+                    router._promote()
+                    if router.api in ("1", "0.3") and parts.path == "/workers":
                         for wid, w in router.workers.items():
                             if w["url"] == body["url"]:
+                                if router.api == "1":
+                                    return self.reply(409, {"error": "Worker already exists at URL '%s' with ID %s"
+                                                            % (w["url"], wid), "code": "WORKER_ALREADY_EXISTS"})
                                 return self.reply(202, {"status": "accepted", "worker_id": wid})
                         wid = str(uuid.uuid4())
                         router.jobs[wid] = {"url": body["url"], "status": "processing", "message": None,
-                                            "at": time.monotonic() + router.add_delay, "api_key": body.get("api_key")}
+                                            "at": time.monotonic() + router.add_delay, "api_key": body.get("api_key"),
+                                            "worker_type": body.get("worker_type", "regular")}
                         return self.reply(202, {"status": "accepted", "worker_id": wid, "url": body["url"],
                                                 "location": "/workers/%s" % wid})
                     if router.api == "0.1" and parts.path in ("/add_worker", "/remove_worker"):
@@ -316,7 +420,7 @@ class FakeRouter(object):
                         if not url:
                             return self.reply(400, "Worker URL required. Provide 'url' query parameter")
                         if parts.path == "/add_worker":
-                            router.workers[str(uuid.uuid4())] = {"url": url, "since": time.monotonic(), "api_key": None}
+                            router.add_existing(url)
                             return self.reply(200, "Successfully added worker: %s" % url)
                         for wid, w in list(router.workers.items()):
                             if w["url"] == url:
@@ -331,7 +435,8 @@ class FakeRouter(object):
                     return
                 path = urlsplit(self.path).path
                 with router.lock:
-                    if router.api == "0.3" and path.startswith("/workers/"):
+                    router._promote()
+                    if router.api in ("1", "0.3") and path.startswith("/workers/"):
                         wid = unquote(path.split("/", 2)[2])
                         try:
                             uuid.UUID(wid)
@@ -339,7 +444,14 @@ class FakeRouter(object):
                             return self.reply(400, {"error": "Invalid worker_id '%s' (expected UUID)" % wid})
                         if wid not in router.workers:
                             return self.reply(404, {"error": "Worker %s not found" % wid, "code": "WORKER_NOT_FOUND"})
-                        if not router.ignore_delete:
+                        w = router.workers[wid]
+                        if router.ignore_delete:
+                            pass
+                        elif router.api == "1" and w["status"] != "failed" and router.settle > 0:
+                            w["status"] = "draining"
+                            if w["gone_at"] is None:
+                                w["gone_at"] = time.monotonic() + router.settle
+                        else:
                             del router.workers[wid]
                         return self.reply(202, {"status": "accepted", "worker_id": wid})
                 return self.reply(404, "")
@@ -348,13 +460,15 @@ class FakeRouter(object):
 
 
 class FakeWorker(object):
-    """A worker whose load the test controls; ``endpoints`` selects what it serves."""
+    """A server whose load and health the test controls; ``endpoints`` selects what it serves."""
 
-    def __init__(self, endpoints=("/v1/loads",), api_key=None, loads=(0,)):
+    def __init__(self, endpoints=("/v1/loads", "/health"), api_key=None, loads=(0,), health=(200,)):
         self.endpoints = endpoints
         self.api_key = api_key
-        self.loads = list(loads)   # successive load readings; the last one repeats
+        self.loads = list(loads)    # successive load readings; the last one repeats
+        self.health = list(health)  # successive /health codes; the last one repeats
         self.reads = 0
+        self.health_reads = 0
         self.auth_seen = []
 
     def next_load(self):
@@ -370,8 +484,14 @@ class FakeWorker(object):
                 worker.auth_seen.append(self.headers.get("Authorization"))
                 if path not in worker.endpoints:
                     return self.reply(404, {"detail": "Not Found"})
+                if path == "/health":
+                    worker.health_reads += 1
+                    code = worker.health.pop(0) if len(worker.health) > 1 else worker.health[0]
+                    return self.reply(code, "")
                 if path != "/metrics" and worker.api_key and self.headers.get("Authorization") != "Bearer %s" % worker.api_key:
                     return self.reply(401, {"error": "Unauthorized"})
+                if path in ("/model_info", "/get_model_info"):
+                    return self.reply(200, {"model_path": "/m"})
                 load = worker.next_load()
                 if path == "/v1/loads":
                     return self.reply(200, {"loads": [{"dp_rank": 0, "num_running_reqs": load, "num_waiting_reqs": 0}]})
@@ -421,7 +541,7 @@ class _Fail(_Exit):
 
 class FakeModule(object):
     def __init__(self, params, check_mode=False, diff=False):
-        defaults = dict((k, v.get("default")) for k, v in m.argument_spec().items())
+        defaults = dict((k, v.get("default")) for k, v in r.argument_spec().items())
         self.params = dict(defaults, **params)
         self.check_mode = check_mode
         self._diff = diff
@@ -441,12 +561,12 @@ FAST = {"poll_interval": 0.02, "drain_settle": 0.0, "request_timeout": 2}
 
 
 def run(params, check_mode=False, diff=False, expect_fail=False):
-    module = FakeModule(dict(FAST, **params), check_mode=check_mode, diff=diff)
+    mod = FakeModule(dict(FAST, **params), check_mode=check_mode, diff=diff)
     with pytest.raises(_Exit) as info:
-        m.RouterWorker(module).run()
+        r.RouterWorker(mod).run()
     result = info.value.result
     assert isinstance(info.value, _Fail) == expect_fail, result
-    result["_warnings"] = module.warnings
+    result["_warnings"] = mod.warnings
     return result
 
 
@@ -456,79 +576,169 @@ def _no_secret(result, *secrets):
         assert secret not in text
 
 
+def _calls(router, method):
+    return [c for c in router.calls if c[0] == method]
+
+
 # --------------------------------------------------------------------------
-# Module flow, router 0.3
+# present
 # --------------------------------------------------------------------------
 
-def test_present_adds_waits_and_is_idempotent(serve):
-    router = FakeRouter(api_key=ROUTER_KEY, add_delay=0.15, healthy_after=0.1)
+@pytest.mark.parametrize("api", ["1", "0.3"])
+def test_present_adds_waits_and_is_idempotent(serve, api):
+    router = FakeRouter(api=api, api_key=ROUTER_KEY, add_delay=0.15, healthy_after=0.1)
     router.add_existing("http://127.0.0.1:41001")
+    server = FakeWorker(endpoints=("/health", "/model_info"), health=(503, 503, 200))
+    url = serve(server)
     base = serve(router)
-    args = {"router_url": base + "/", "url": "HTTP://127.0.0.1:41002/", "api_key": ROUTER_KEY, "worker_api_key": WORKER_KEY}
+    args = {"router_url": base + "/", "url": url.upper() + "/", "api_key": ROUTER_KEY, "worker_api_key": WORKER_KEY}
     res = run(args, diff=True)
-    assert res["changed"] is True
-    assert res["api_version"] == "0.3"
-    assert res["url"] == "http://127.0.0.1:41002"
-    assert res["worker"]["url"] == "http://127.0.0.1:41002" and res["worker"]["is_healthy"] is True
-    assert sorted(res["workers"]) == ["http://127.0.0.1:41001", "http://127.0.0.1:41002"]
+    assert res["changed"] is True and res["reregistered"] is False
+    assert res["api_version"] == api
+    assert res["url"] == url
+    assert res["worker"]["url"] == url and res["worker"]["status"] == "ready" and res["worker"]["is_healthy"] is True
+    assert sorted(res["workers"]) == sorted(["http://127.0.0.1:41001", url])
     assert res["diff"]["before"]["workers"] == ["http://127.0.0.1:41001"]
-    posts = [c for c in router.calls if c[0] == "POST"]
+    # Registered only once the server answered /health with 200 (two 503 first).
+    assert server.health_reads == 3
+    posts = _calls(router, "POST")
     assert len(posts) == 1
     # The normalised URL is registered, the worker key travels in the body only.
-    assert posts[0][2] == {"url": "http://127.0.0.1:41002", "api_key": WORKER_KEY}
+    assert posts[0][2] == {"url": url, "api_key": WORKER_KEY}
     assert all(c[3] == "Bearer %s" % ROUTER_KEY for c in router.calls)
     _no_secret(res, ROUTER_KEY, WORKER_KEY)
 
     again = run(args)
-    assert again["changed"] is False
-    assert len([c for c in router.calls if c[0] == "POST"]) == 1
+    assert again["changed"] is False and "reregistered" not in again
+    assert len(_calls(router, "POST")) == 1
+
+
+def test_detects_smg1_on_an_empty_router(serve):
+    router = FakeRouter(api="1")
+    base = serve(router)
+    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent"})
+    assert res["api_version"] == "1" and res["changed"] is False
+    assert [c[1] for c in router.calls][:2] == ["/workers", "/get_loads"]
+    router03 = FakeRouter(api="0.3")
+    res = run({"router_url": serve(router03), "url": "http://127.0.0.1:41002", "state": "absent"})
+    assert res["api_version"] == "0.3"
+    # A forced api_version skips the probes.
+    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent", "api_version": "1"})
+    assert res["api_version"] == "1" and router.calls[-1][1] == "/workers" and len(router.calls) == 4
 
 
 def test_present_check_mode_sends_nothing(serve):
     router = FakeRouter()
     base = serve(router)
-    res = run({"router_url": base, "url": "http://127.0.0.1:41002"}, check_mode=True, diff=True)
+    res = run({"router_url": base, "url": "http://127.0.0.1:%d" % _closed_port()}, check_mode=True, diff=True)
     assert res["changed"] is True
     assert res["worker"] is None
-    assert res["workers"] == ["http://127.0.0.1:41002"]
-    assert res["diff"] == {"before": {"workers": []}, "after": {"workers": ["http://127.0.0.1:41002"]}}
-    assert [c[0] for c in router.calls] == ["GET", "GET"]   # probe + list
+    assert res["workers"] == [res["url"]]
+    assert res["diff"] == {"before": {"workers": []}, "after": {"workers": [res["url"]]}}
+    assert [c[1] for c in router.calls] == ["/workers", "/get_loads", "/workers"]   # probes + list
 
 
 def test_present_worker_config_and_no_wait(serve):
     router = FakeRouter(healthy_after=30)
     base = serve(router)
-    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "wait_healthy": False, "api_version": "0.3",
-               "worker_config": {"model_id": "m", "priority": 10}})
+    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "wait_healthy": False, "wait_server": False,
+               "api_version": "0.3", "worker_config": {"model_id": "m", "priority": 10}})
     assert res["changed"] is True
     assert res["worker"]["is_healthy"] is False
-    post = [c for c in router.calls if c[0] == "POST"][0]
-    assert post[2] == {"model_id": "m", "priority": 10, "url": "http://127.0.0.1:41002"}
+    assert _calls(router, "POST")[0][2] == {"model_id": "m", "priority": 10, "url": "http://127.0.0.1:41002"}
 
 
-def test_present_waits_for_unhealthy_member_then_times_out(serve):
-    router = FakeRouter(healthy_after=30)
-    router.add_existing("http://127.0.0.1:41002", healthy=False)
-    base = serve(router)
-    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "timeout": 0.3}, expect_fail=True)
-    assert "not healthy" in res["msg"] and "unhealthy" in res["msg"]
-    assert not [c for c in router.calls if c[0] == "POST"]
+def test_present_waits_for_a_healthy_server_and_gives_up(serve):
+    router = FakeRouter(api="1")
+    server = FakeWorker(endpoints=("/health",), health=(503,))
+    url = serve(server)
+    res = run({"router_url": serve(router), "url": url, "timeout": 0.3}, expect_fail=True)
+    assert "%s/health did not answer 200" % url in res["msg"] and "HTTP 503" in res["msg"]
+    assert "wait_server=false" in res["msg"]
+    assert not _calls(router, "POST")
+    res = run({"router_url": serve(router), "url": "http://127.0.0.1:%d" % _closed_port(), "timeout": 0.2},
+              expect_fail=True)
+    assert "refused" in res["msg"]
+
+
+@pytest.mark.parametrize("api, status", [("1", "failed"), ("1", "not_ready"), ("0.3", None)])
+def test_present_replaces_a_stale_entry(serve, api, status):
+    router = FakeRouter(api=api, settle=0.2)
+    server = FakeWorker(endpoints=("/health",))
+    url = serve(server)
+    old = router.add_existing(url, healthy=False, status=status)
+    res = run({"router_url": serve(router), "url": url})
+    assert res["changed"] is True and res["reregistered"] is True
+    assert res["worker"]["status"] == "ready" and res["worker"]["id"] != old
+    assert [c[0] for c in router.calls if c[0] != "GET"] == ["DELETE", "POST"]
+
+
+def test_present_waits_out_a_draining_entry(serve):
+    router = FakeRouter(api="1", settle=0.3)
+    url = serve(FakeWorker())
+    wid = router.add_existing(url, status="draining")
+    router.workers[wid]["gone_at"] = time.monotonic() + 0.3
+    res = run({"router_url": serve(router), "url": url})
+    assert res["changed"] is True and res["reregistered"] is True
+    assert [c[0] for c in router.calls if c[0] != "GET"] == ["POST"]   # no 409: posted after the entry was gone
+    assert res["worker"]["status"] == "ready"
+
+
+def test_present_waits_for_a_pending_member(serve):
+    router = FakeRouter(api="1", healthy_after=0.2)
+    url = serve(FakeWorker())
+    wid = router.add_existing(url, status="pending")
+    router.workers[wid]["since"] = time.monotonic()
+    res = run({"router_url": serve(router), "url": url})
+    assert res["changed"] is False and res["worker"]["status"] == "ready"
+    assert not _calls(router, "POST")
 
 
 def test_present_failed_job_fails_with_router_message(serve):
     router = FakeRouter(fail_add="Both HTTP and gRPC health checks failed for http://127.0.0.1:41009")
-    base = serve(router)
-    res = run({"router_url": base, "url": "http://127.0.0.1:41009", "timeout": 5}, expect_fail=True)
+    res = run({"router_url": serve(router), "url": "http://127.0.0.1:41009", "timeout": 5, "wait_server": False},
+              expect_fail=True)
     assert "could not add http://127.0.0.1:41009" in res["msg"]
     assert "health checks failed" in res["msg"]
 
 
+def test_present_smg1_dropped_job_fails_fast(serve):
+    router = FakeRouter(api="1", fail_add="x", add_delay=0.05)
+    res = run({"router_url": serve(router), "url": "http://127.0.0.1:41009", "timeout": 5, "wait_server": False},
+              expect_fail=True)
+    assert "dropped the AddWorker job" in res["msg"] and res["elapsed"] < 4
+
+
 def test_present_times_out_while_job_pending(serve):
     router = FakeRouter(add_delay=30)
-    base = serve(router)
-    res = run({"router_url": base, "url": "http://127.0.0.1:41009", "timeout": 0.3}, expect_fail=True)
-    assert "not healthy" in res["msg"] and "AddWorker job processing" in res["msg"]
+    res = run({"router_url": serve(router), "url": "http://127.0.0.1:41009", "timeout": 0.3, "wait_server": False},
+              expect_fail=True)
+    assert "not Ready" in res["msg"] and "AddWorker job processing" in res["msg"]
 
+
+def test_present_refuses_a_worker_that_needs_a_key(serve):
+    router = FakeRouter()
+    worker = FakeWorker(endpoints=("/model_info", "/health"), api_key=WORKER_KEY)
+    base = serve(router)
+    wbase = serve(worker)
+    res = run({"router_url": base, "url": wbase}, expect_fail=True)
+    assert "requires an API key" in res["msg"] and "worker_api_key is not set" in res["msg"]
+    res = run({"router_url": base, "url": wbase, "worker_api_key": "wrong-key-123"}, expect_fail=True)
+    assert "rejects worker_api_key" in res["msg"]
+    _no_secret(res, "wrong-key-123")
+    assert not _calls(router, "POST")
+    res = run({"router_url": base, "url": wbase, "worker_api_key": WORKER_KEY})
+    assert res["changed"] is True
+    assert [c[2] for c in _calls(router, "POST")] == [{"url": wbase, "api_key": WORKER_KEY}]
+    # Old servers: /model_info is 404, /get_model_info answers.
+    old = FakeWorker(endpoints=("/get_model_info", "/health"), api_key=WORKER_KEY)
+    res = run({"router_url": base, "url": serve(old)}, expect_fail=True)
+    assert "/get_model_info" in res["msg"]
+
+
+# --------------------------------------------------------------------------
+# absent
+# --------------------------------------------------------------------------
 
 def test_absent_removes_every_spelling_and_drains(serve):
     router = FakeRouter(api_key=ROUTER_KEY)
@@ -548,16 +758,76 @@ def test_absent_removes_every_spelling_and_drains(serve):
 
     res = run({"router_url": base, "url": "http://127.0.0.1:41002", "api_key": ROUTER_KEY, "state": "absent"}, diff=True)
     assert res["changed"] is True
-    assert len(res["removed"]) == 2
+    assert len(res["removed"]) == 2 and res["ready_peers"] == 1
     assert res["workers"] == ["http://127.0.0.1:41001"]
     assert res["diff"]["after"]["workers"] == ["http://127.0.0.1:41001"]
     assert res["drained_s"] is None
-    deletes = [c for c in router.calls if c[0] == "DELETE"]
-    assert len(deletes) == 2
+    assert len(_calls(router, "DELETE")) == 2
     _no_secret(res, ROUTER_KEY, WORKER_KEY)
 
     again = run({"router_url": base, "url": "http://127.0.0.1:41002", "api_key": ROUTER_KEY, "state": "absent"})
     assert again["changed"] is False and again["worker"] is None
+
+
+def test_absent_smg1_waits_for_the_settle_and_reports_the_router_load(serve):
+    router = FakeRouter(api="1", settle=0.3)
+    router.add_existing("http://127.0.0.1:41001")
+    wid = router.add_existing("http://127.0.0.1:41002", load=4)
+    base = serve(router)
+    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent"})
+    assert res["changed"] is True and res["removed"][0]["id"] == wid
+    assert res["router_load"] == 4          # still counted while draining
+    assert res["settle_s"] >= 0.25
+    assert res["workers"] == ["http://127.0.0.1:41001"]
+    # Run again while an entry drains: nothing more is sent, the module waits it out.
+    wid2 = router.add_existing("http://127.0.0.1:41003", status="draining")
+    router.workers[wid2]["gone_at"] = time.monotonic() + 0.2
+    res = run({"router_url": base, "url": "http://127.0.0.1:41003", "state": "absent"})
+    assert res["changed"] is False and res["removed"] == [] and len(_calls(router, "DELETE")) == 1
+
+
+@pytest.mark.parametrize("api", ["1", "0.3", "0.1"])
+def test_absent_refuses_the_last_ready_worker(serve, api):
+    router = FakeRouter(api=api, healthy_after=60 if api == "1" else 0)
+    router.add_existing("http://127.0.0.1:41002")
+    if api != "0.1":
+        router.add_existing("http://127.0.0.1:41003", model="another-model")
+        router.add_existing("http://127.0.0.1:41004", status="pending" if api == "1" else "not_ready", healthy=api == "1")
+        router.add_existing("http://127.0.0.1:41005", worker_type="decode")
+    base = serve(router)
+    args = {"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent"}
+    for check in (True, False):
+        res = run(args, check_mode=check, expect_fail=True)
+        assert "last Ready worker" in res["msg"] and "allow_last=true" in res["msg"]
+        assert res["changed"] is False and res["ready_peers"] == 0
+    assert not _calls(router, "DELETE") and not [c for c in router.calls if c[0] == "POST"]
+    res = run(dict(args, allow_last=True))
+    assert res["changed"] is True and res["ready_peers"] == 0
+    assert len(_calls(router, "DELETE") or [c for c in router.calls if "remove_worker" in c[1]]) == 1
+
+
+def test_absent_allows_removing_a_worker_that_is_not_ready(serve):
+    router = FakeRouter(api="1")
+    router.add_existing("http://127.0.0.1:41002", status="failed")
+    res = run({"router_url": serve(router), "url": "http://127.0.0.1:41002", "state": "absent"})
+    assert res["changed"] is True and "ready_peers" not in res and router.workers == {}
+
+
+def test_absent_detects_a_concurrent_removal(serve, monkeypatch):
+    router = FakeRouter(api="1")
+    peer = router.add_existing("http://127.0.0.1:41001")
+    router.add_existing("http://127.0.0.1:41002")
+    base = serve(router)
+    real_remove = r.Router.remove
+
+    def racing_remove(self, entry):
+        router.workers[peer]["status"] = "draining"   # another host removed its worker at the same time
+        return real_remove(self, entry)
+
+    monkeypatch.setattr(r.Router, "remove", racing_remove)
+    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent"}, expect_fail=True)
+    assert "no other worker of the model 'm' (regular workers) is Ready any more" in res["msg"]
+    assert res["changed"] is True and res["removed"][0]["url"] == "http://127.0.0.1:41002"
 
 
 def test_absent_check_mode(serve):
@@ -566,21 +836,21 @@ def test_absent_check_mode(serve):
     worker = FakeWorker(loads=(5,))
     base = serve(router)
     wbase = serve(worker)
-    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "drain_url": wbase, "state": "absent", "drain": True},
-              check_mode=True, diff=True)
+    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "drain_url": wbase, "state": "absent", "drain": True,
+               "allow_last": True}, check_mode=True, diff=True)
     assert res["changed"] is True
     assert res["workers"] == []
     assert res["diff"]["before"]["workers"] == ["http://127.0.0.1:41002"]
     assert len(router.workers) == 1
-    assert not [c for c in router.calls if c[0] == "DELETE"]
+    assert not _calls(router, "DELETE")
     assert worker.reads == 0 and res["drained_s"] is None
 
 
 def test_absent_router_keeps_listing(serve):
     router = FakeRouter(ignore_delete=True)
     router.add_existing("http://127.0.0.1:41002")
-    base = serve(router)
-    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent", "timeout": 0.2}, expect_fail=True)
+    res = run({"router_url": serve(router), "url": "http://127.0.0.1:41002", "state": "absent", "timeout": 0.2,
+               "allow_last": True}, expect_fail=True)
     assert "still lists" in res["msg"]
 
 
@@ -588,35 +858,36 @@ def test_absent_entry_vanishes_before_delete(serve, monkeypatch):
     router = FakeRouter()
     wid = router.add_existing("http://127.0.0.1:41002")
     base = serve(router)
-    real_remove = m.Router.remove
+    real_remove = r.Router.remove
 
     def racing_remove(self, entry):
         router.workers.pop(wid, None)   # someone else removed it first
         return real_remove(self, entry)
 
-    monkeypatch.setattr(m.Router, "remove", racing_remove)
-    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent"})
+    monkeypatch.setattr(r.Router, "remove", racing_remove)
+    res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent", "allow_last": True})
     assert res["changed"] is False and res["removed"] == []
 
 
 # --------------------------------------------------------------------------
-# Module flow, router 0.1
+# Router 0.1
 # --------------------------------------------------------------------------
 
 def test_router_01_add_remove(serve):
     router = FakeRouter(api="0.1", api_key=ROUTER_KEY)
     base = serve(router)
-    args = {"router_url": base, "url": "http://127.0.0.1:41002/", "api_key": ROUTER_KEY, "worker_api_key": WORKER_KEY}
+    args = {"router_url": base, "url": "http://127.0.0.1:41002/", "api_key": ROUTER_KEY, "worker_api_key": WORKER_KEY,
+            "wait_server": False}
     res = run(args)
     assert res["api_version"] == "0.1" and res["changed"] is True
-    assert res["worker"] == {"id": None, "url": "http://127.0.0.1:41002", "is_healthy": None, "load": None}
+    assert res["worker"]["url"] == "http://127.0.0.1:41002" and res["worker"]["status"] is None
     assert any("cannot pass a worker API key" in w for w in res["_warnings"])
     add = [c for c in router.calls if c[0] == "POST"][0]
     assert add[1] == "/add_worker?url=http%3A%2F%2F127.0.0.1%3A41002"
     assert WORKER_KEY not in json.dumps(router.calls)
     assert run(args)["changed"] is False
 
-    rm = run(dict(args, state="absent", api_version="0.1"))
+    rm = run(dict(args, state="absent", api_version="0.1", allow_last=True))
     assert rm["changed"] is True and rm["workers"] == []
     assert [c[1] for c in router.calls if c[0] == "POST"][-1] == "/remove_worker?url=http%3A%2F%2F127.0.0.1%3A41002"
     assert run(dict(args, state="absent"))["changed"] is False
@@ -624,15 +895,16 @@ def test_router_01_add_remove(serve):
 
 def test_router_01_remove_not_found_is_no_change(serve, monkeypatch):
     router = FakeRouter(api="0.1")
+    router.add_existing("http://127.0.0.1:41001")
     wid = router.add_existing("http://127.0.0.1:41002")
     base = serve(router)
-    real_remove = m.Router.remove
+    real_remove = r.Router.remove
 
     def racing_remove(self, entry):
         router.workers.pop(wid, None)
         return real_remove(self, entry)
 
-    monkeypatch.setattr(m.Router, "remove", racing_remove)
+    monkeypatch.setattr(r.Router, "remove", racing_remove)
     res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent"})
     assert res["changed"] is False
 
@@ -648,8 +920,7 @@ def test_router_01_remove_not_found_is_no_change(serve, monkeypatch):
 ])
 def test_drained_fallback_order(serve, endpoints, source):
     worker = FakeWorker(endpoints=endpoints, loads=(2, 0))
-    wbase = serve(worker)
-    res = run({"url": wbase, "state": "drained"})
+    res = run({"url": serve(worker), "state": "drained"})
     assert res["changed"] is False
     assert res["load"] == 0 and res["load_source"] == source
     assert res["api_version"] is None and "workers" not in res
@@ -668,23 +939,20 @@ def test_drained_uses_metrics_when_loads_needs_a_key(serve):
 
 def test_drained_no_endpoint(serve):
     worker = FakeWorker(endpoints=("/v1/loads",), api_key=WORKER_KEY)
-    wbase = serve(worker)
-    res = run({"url": wbase, "state": "drained"}, expect_fail=True)
+    res = run({"url": serve(worker), "state": "drained"}, expect_fail=True)
     assert "cannot read the load" in res["msg"] and "worker_api_key" in res["msg"]
 
 
 def test_drained_settle_restarts_on_new_load(serve):
     worker = FakeWorker(loads=(0, 1, 0))
-    wbase = serve(worker)
-    res = run({"url": wbase, "state": "drained", "drain_settle": 0.05})
+    res = run({"url": serve(worker), "state": "drained", "drain_settle": 0.05})
     assert res["load"] == 0
     assert worker.reads >= 4   # 0, 1 (settle restarts), 0, then 0 again after the settle time
 
 
 def test_drained_times_out(serve):
     worker = FakeWorker(loads=(4,))
-    wbase = serve(worker)
-    res = run({"url": wbase, "state": "drained", "drain_timeout": 0.2}, expect_fail=True)
+    res = run({"url": serve(worker), "state": "drained", "drain_timeout": 0.2}, expect_fail=True)
     assert "still has 4 request(s) in flight" in res["msg"]
     assert res["load"] == 4
 
@@ -697,8 +965,7 @@ def test_drained_refused_counts_as_drained():
 
 def test_drained_check_mode_reads_once(serve):
     worker = FakeWorker(loads=(7,))
-    wbase = serve(worker)
-    res = run({"url": wbase, "state": "drained"}, check_mode=True)
+    res = run({"url": serve(worker), "state": "drained"}, check_mode=True)
     assert res["load"] == 7 and worker.reads == 1 and res["drained_s"] is None
     res = run({"url": "http://127.0.0.1:%d" % _closed_port(), "state": "drained"}, check_mode=True)
     assert res["load_source"] == "unreachable"
@@ -716,7 +983,7 @@ def test_router_key_missing(serve):
     base = serve(router)
     res = run({"router_url": base, "url": "http://h:1"}, expect_fail=True)
     assert "HTTP 401" in res["msg"] and "api_key" in res["msg"]
-    res = run({"router_url": base, "url": "http://h:1", "api_version": "0.3"}, expect_fail=True)
+    res = run({"router_url": base, "url": "http://h:1", "api_version": "1"}, expect_fail=True)
     assert "GET /workers" in res["msg"] and "HTTP 401" in res["msg"]
 
 
@@ -726,10 +993,8 @@ def test_router_unreachable():
 
 
 def test_not_a_router(serve):
-    worker = FakeWorker(endpoints=())
-    base = serve(worker)
-    res = run({"router_url": base, "url": "http://h:1"}, expect_fail=True)
-    assert "is this an sglang-router" in res["msg"]
+    res = run({"router_url": serve(FakeWorker(endpoints=())), "url": "http://h:1"}, expect_fail=True)
+    assert "is this an sglang-router or smg" in res["msg"]
 
 
 @pytest.mark.parametrize("params, text", [
@@ -746,29 +1011,170 @@ def test_validation(params, text):
     assert text in res["msg"]
 
 
-def test_argument_spec_marks_secrets_no_log():
-    spec = m.argument_spec()
-    assert spec["api_key"]["no_log"] is True
-    assert spec["worker_api_key"]["no_log"] is True
-    for name, opt in spec.items():
-        assert "type" in opt, name
+# --------------------------------------------------------------------------
+# Real routers: smg 1.13.0 (scripts/setup-smg.sh) and sglang-router 0.3.2
+# (.venv), on loopback, in front of simulated SGLang servers; the module's
+# flow runs in-process. Every process is started in its own session, recorded
+# by PID and killed by process group at the end.
+# --------------------------------------------------------------------------
+
+REPO = pathlib.Path(__file__).resolve().parents[4]
+SIM_PY = REPO / "simulator" / "python"
+SIM_BIN = REPO / "simulator" / "bin"
+SIM_FAST = {"SGLANG_SIM_STARTUP_S": "0.2", "SGLANG_SIM_WARMUP_S": "0.05", "SGLANG_SIM_SHUTDOWN_S": "0.05",
+            "SGLANG_SIM_DRAIN_POLL_S": "0.05"}
 
 
-def test_present_refuses_a_worker_that_needs_a_key(serve):
-    router = FakeRouter()
-    worker = FakeWorker(endpoints=("/model_info",), api_key=WORKER_KEY)
-    base = serve(router)
-    wbase = serve(worker)
-    res = run({"router_url": base, "url": wbase}, expect_fail=True)
-    assert "requires an API key" in res["msg"] and "worker_api_key is not set" in res["msg"]
-    res = run({"router_url": base, "url": wbase, "worker_api_key": "wrong-key-123"}, expect_fail=True)
-    assert "rejects worker_api_key" in res["msg"]
-    _no_secret(res, "wrong-key-123")
-    assert not [c for c in router.calls if c[0] == "POST"]
-    res = run({"router_url": base, "url": wbase, "worker_api_key": WORKER_KEY})
-    assert res["changed"] is True
-    assert [c[2] for c in router.calls if c[0] == "POST"] == [{"url": wbase, "api_key": WORKER_KEY}]
-    # Old servers: /model_info is 404, /get_model_info answers.
-    old = FakeWorker(endpoints=("/get_model_info",), api_key=WORKER_KEY)
-    res = run({"router_url": base, "url": serve(old)}, expect_fail=True)
-    assert "/get_model_info" in res["msg"]
+def _smg1():
+    out = subprocess.run([str(REPO / "scripts" / "setup-smg.sh")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, "scripts/setup-smg.sh failed:\n%s" % out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+ROUTER_BINARIES = {"1": _smg1, "0.3": lambda: str(pathlib.Path(sys.executable).parent / "smg")}
+
+
+class Real(object):
+    """Processes of one real-router test: simulated servers and the router."""
+
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        self.procs = []
+        self.model = tmp_path / "model"
+        self.model.mkdir()
+        (self.model / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
+
+    def _spawn(self, argv, env, log):
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def server(self, name, port=None):
+        """A simulated SGLang server on its own simulated GPU node; waits until /health is 200."""
+        root = self.tmp / name
+        root.mkdir()
+        env = dict(os.environ, GPUSIM_ROOT=str(root))
+        subprocess.run([str(SIM_BIN / "gpusim"), "init", "--gpus", "1", "--model", "H200"], env=env, check=True,
+                       capture_output=True, timeout=60)
+        port = port or _closed_port()
+        env.update(SIM_FAST, PYTHONPATH=str(SIM_PY), CUDA_VISIBLE_DEVICES="0")
+        proc = self._spawn([sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--model-path",
+                            str(self.model)], env, root / "server.log")
+        url = "http://127.0.0.1:%d" % port
+        _wait(lambda: _get(url + "/health")[0] == 200, 60, "%s healthy" % name)
+        return url, proc
+
+    def router(self, binary, extra=()):
+        port = _closed_port()
+        argv = [binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+                "--prometheus-port", str(_closed_port()), "--worker-startup-timeout-secs", "20",
+                "--worker-startup-check-interval", "1", "--log-level", "warn"] + list(extra)
+        env = dict(os.environ, HF_HUB_OFFLINE="1", NO_PROXY="*", no_proxy="*")
+        self._spawn(argv, env, self.tmp / "router.log")
+        url = "http://127.0.0.1:%d" % port
+        _wait(lambda: _get(url + "/workers")[0] == 200, 60, "the router")
+        return url
+
+    def kill(self, proc):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def cleanup(self):
+        for proc in self.procs:
+            self.kill(proc)
+
+
+@pytest.fixture
+def real(tmp_path):
+    procs = Real(tmp_path)
+    yield procs
+    procs.cleanup()
+
+
+def _get(url, timeout=5):
+    try:
+        status, dummy, data = r.request("GET", url, timeout=timeout)
+        return status, data
+    except r.HTTPConnectionError:
+        return None, None
+
+
+def _wait(predicate, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out after %s s waiting for %s" % (timeout, what))
+
+
+def _generate(url, tokens):
+    status, dummy, data = r.request("POST", url + "/generate", timeout=60,
+                                    body={"text": "tell me about GPUs", "sampling_params": {"max_new_tokens": tokens}})
+    return status
+
+
+@pytest.mark.parametrize("api", ["1", "0.3"])
+def test_real_router(real, api):
+    binary = ROUTER_BINARIES[api]()
+    # Health checks every second, one failure marks a worker unhealthy: the Failed case below takes seconds.
+    # Round robin, so that both servers get requests. Retries stay on: then smg 1.x buffers a request body (with
+    # retries off it streams it chunked, which the simulated server does not read; real SGLang does).
+    # Health checks every second; one failure marks a worker unhealthy, ten successes are needed to recover:
+    # the stale-entry case below takes seconds, and the router does not heal the entry before the module does.
+    router = real.router(binary, ["--policy", "round_robin", "--health-check-interval-secs", "1",
+                                  "--health-failure-threshold", "1", "--health-success-threshold", "10"])
+    a, proc_a = real.server("a")
+    b, dummy = real.server("b")
+    base = {"router_url": router, "poll_interval": 0.1, "request_timeout": 5, "timeout": 30}
+
+    # Detection on an empty router, then registration of a healthy server.
+    res = run(dict(base, url=a))
+    assert res["api_version"] == api and res["changed"] is True
+    assert res["worker"]["status"] == "ready" and res["worker"]["is_healthy"] is True
+    assert run(dict(base, url=a + "/"))["changed"] is False
+
+    # The only Ready worker of its model is not removed without allow_last; nothing changed.
+    res = run(dict(base, url=a, state="absent"), expect_fail=True)
+    assert "last Ready worker" in res["msg"] and "allow_last=true" in res["msg"]
+    assert [w["url"] for w in r.parse_workers(_get(router + "/workers")[1], api)] == [a]
+
+    # With a second Ready worker, the removal goes through while a's requests are in flight. They take about
+    # 8 s (700 tokens at the simulator's 90 tokens/s), longer than smg's 5 s drain settle.
+    assert run(dict(base, url=b))["changed"] is True
+    statuses = []
+    threads = [threading.Thread(target=lambda: statuses.append(_generate(router, 700))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    _wait(lambda: (r.load_from_v1_loads(_get(a + "/v1/loads")[1]) or 0) > 0, 20, "requests in flight on a")
+    res = run(dict(base, url=a, state="absent", drain=True, drain_timeout=60))
+    for t in threads:
+        t.join(timeout=60)
+    assert res["changed"] is True and res["ready_peers"] == 1 and res["workers"] == [b]
+    assert res["load"] == 0 and res["load_source"] == "/v1/loads" and res["initial_load"] > 0
+    assert statuses == [200] * 6, statuses       # every request routed before the removal finished
+    if api == "1":
+        # smg 1.x keeps the removed worker draining for its settle time (5 s), still counting its requests, and
+        # drops it while they still run: only the server's own load shows when they are done.
+        assert res["settle_s"] >= 4.0 and res["router_load"] > 0, res
+    else:
+        assert res["settle_s"] < 2.0 and "router_load" not in res, res
+
+    # The server dies and comes back on the same port: the router's entry goes stale (smg 1.x: not_ready,
+    # then failed) and present registers it again once the new server is healthy.
+    assert run(dict(base, url=a))["changed"] is True
+    real.kill(proc_a)
+    stale = ("failed",) if api == "1" else ("not_ready",)
+    _wait(lambda: [w["status"] for w in r.parse_workers(_get(router + "/workers")[1], api) if w["url"] == a] == list(stale),
+          30, "the router to mark a %s" % stale[0])
+    port = int(a.rsplit(":", 1)[1])
+    real.server("a2", port=port)
+    res = run(dict(base, url=a))
+    assert res["changed"] is True and res["reregistered"] is True, res
+    assert res["worker"]["status"] == "ready"
+    assert _generate(router, 4) == 200
