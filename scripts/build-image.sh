@@ -24,6 +24,8 @@
 #               keeps one image per suite and --prune never removes another
 #               suite's images.
 #   --print     print the node image name and exit (nothing is built)
+#   --base      build or reuse only the base image and print its name (the
+#               execution environment's base: scripts/matrix-ee.sh)
 #   --force     rebuild both images even if they exist
 #   --prune     afterwards remove other gpufleet-node/-base tags that no
 #               container uses
@@ -62,6 +64,7 @@ for arg in "$@"; do
         --suite) want_suite=1 ;;
         --suite=*) SUITE="${arg#--suite=}" ;;
         --print) mode=print ;;
+        --base) mode=base ;;
         --force) force=1 ;;
         --prune) prune=1 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SCRIPT_PATH"; exit 0 ;;
@@ -264,6 +267,11 @@ if [[ $force -eq 0 ]] && podman image exists "$BASE_IMAGE"; then
     say "reusing $BASE_IMAGE"
 else
     build_base
+fi
+if [[ $mode == base ]]; then
+    say "ready: $BASE_IMAGE in $((SECONDS - t_start)) s"
+    printf '%s\n' "$BASE_IMAGE"
+    exit 0
 fi
 
 # ---------------------------------------------------------------- node
