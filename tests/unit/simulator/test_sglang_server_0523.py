@@ -311,3 +311,191 @@ class TestPorts:
         srv.signal(signal.SIGTERM)
         assert srv.wait(20) == 0
         assert listeners(nccl) == set()
+
+
+# =============================================================================
+# LoRA adapters, --delete-ckpt-after-loading
+# =============================================================================
+def make_adapter(path, rank=8):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text(json.dumps({"r": rank, "lora_alpha": 16,
+                                                          "target_modules": ["q_proj", "v_proj"]}))
+    return str(path)
+
+
+class TestLora:
+    def test_load_list_use_unload_and_gone_after_restart(self, start, tmp_path, model):
+        sql = make_adapter(tmp_path / "lora" / "sql")
+        port = free_port()
+        srv = start(["--enable-lora", "--max-lora-rank", "16", "--served-model-name", "base"], port=port)
+        srv.wait_healthy()
+        r = srv.request("/load_lora_adapter", "POST", {"lora_name": "sql", "lora_path": sql})
+        assert r.status == 200
+        assert r.json() == {"rid": None, "http_worker_ipc": None, "success": True, "error_message": "",
+                            "loaded_adapters": {"sql": sql}}
+        models = srv.request("/v1/models").json()["data"]
+        assert [(m["id"], m["root"], m["parent"], m["max_model_len"]) for m in models] == [
+            ("base", "base", None, models[0]["max_model_len"]), ("sql", sql, "base", None)]
+        assert gen(srv, 4, lora_path="sql").status == 200
+        again = srv.request("/load_lora_adapter", "POST", {"lora_name": "sql", "lora_path": sql})
+        assert again.status == 400 and again.json()["error_message"] == (
+            "Failed to load LoRA adapter sql because it is already loaded")
+        info = srv.request("/server_info").json()
+        assert info["lora_paths"] in (None, [])          # launch values only
+        bad = gen(srv, 4, lora_path="nope")
+        assert bad.status == 400 and bad.json()["error"]["message"].startswith(
+            "The following requested LoRA adapters are not loaded: nope\nLoaded adapters: odict_keys(['sql']).")
+        r = srv.request("/unload_lora_adapter", "POST", {"lora_name": "sql"})
+        assert r.status == 200 and r.json()["loaded_adapters"] == {}
+        r = srv.request("/unload_lora_adapter", "POST", {"lora_name": "sql"})
+        assert r.status == 400 and r.json()["error_message"] == (
+            "LoRA with name sql does not exist. Loaded LoRAs: odict_keys([])")
+        assert srv.request("/load_lora_adapter", "POST", {"lora_name": "sql", "lora_path": sql}).status == 200
+        srv.signal(signal.SIGTERM)
+        assert srv.wait(20) == 0
+        again = start(["--enable-lora", "--served-model-name", "base"], port=port, name="again")
+        again.wait_healthy()
+        assert [m["id"] for m in again.request("/v1/models").json()["data"]] == ["base"]   # runtime adapters vanish
+
+    def test_launch_adapters_errors_and_disabled(self, start, tmp_path):
+        a = make_adapter(tmp_path / "lora" / "a")
+        big = make_adapter(tmp_path / "lora" / "big", rank=64)
+        srv = start(["--lora-paths", "alpha=%s" % a, "--max-lora-rank", "16"])
+        srv.wait_healthy()
+        assert [m["id"] for m in srv.request("/v1/models").json()["data"]][1:] == ["alpha"]
+        r = srv.request("/load_lora_adapter", "POST", {"lora_name": "big", "lora_path": big})
+        assert r.status == 400 and "with rank 64 is incompatible" in r.json()["error_message"]
+        assert r.json()["loaded_adapters"] == {"alpha": a}
+        missing = srv.request("/load_lora_adapter", "POST", {"lora_name": "m", "lora_path": str(tmp_path / "no")})
+        assert missing.status == 400 and "No such file or directory" in missing.json()["error_message"]
+        assert srv.request("/load_lora_adapter", "POST", {"lora_name": "x"}).status == 422
+        off = start([], name="off", env={"CUDA_VISIBLE_DEVICES": "1"})
+        off.wait_healthy()
+        r = off.request("/load_lora_adapter", "POST", {"lora_name": "a", "lora_path": a})
+        assert r.status == 400 and r.json() == {
+            "rid": None, "http_worker_ipc": None, "success": False,
+            "error_message": "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.",
+            "loaded_adapters": None}
+
+
+class TestDeleteCheckpoint:
+    def test_model_directory_is_removed_after_the_ready_line(self, start, model):
+        srv = start(["--delete-ckpt-after-loading"])
+        srv.wait_healthy()
+        wait_for(lambda: not os.path.exists(model), 5, what="checkpoint deleted")
+        log = srv.log()
+        assert log.index("The server is fired up and ready to roll!") < len(log)
+        assert gen(srv, 4).status == 200                  # the weights are in GPU memory still
+        assert srv.request("/weights_checker", "POST", {}).json()["success"] is True
+
+    def test_without_the_flag_nothing_is_deleted(self, start, model):
+        srv = start([])
+        srv.wait_healthy()
+        assert os.path.isfile(os.path.join(model, "config.json"))
+
+
+# =============================================================================
+# in-place weight updates
+# =============================================================================
+def make_checkpoint(path, content=b"weights v1", config=None):
+    make_model(path, config)
+    (path / "model.safetensors").write_bytes(content)
+    return str(path)
+
+
+class TestWeights:
+    def checksums(self, srv):
+        r = srv.request("/weights_checker", "POST", {"action": "checksum"})
+        assert r.status == 200, r.body
+        return r.json()
+
+    def test_update_swaps_weights_and_versions(self, start, tmp_path):
+        v1 = make_checkpoint(tmp_path / "ckpt" / "v1", b"step 1000")
+        v2 = make_checkpoint(tmp_path / "ckpt" / "v2", b"step 2000")
+        srv = start(["--model-path", v1, "--tp-size", "2", "--enable-metrics"])
+        srv.wait_healthy()
+        before = self.checksums(srv)
+        assert before["success"] is True and before["message"] == "Success."
+        assert [r["parallelism_info"][0]["tp_rank"] for r in before["ranks"]] == [0, 1]
+        assert set(before["ranks"][0]["checksums"]) == {"model.safetensors"}
+        assert before["ranks"][0]["per_gpu_checksum"] != before["ranks"][1]["per_gpu_checksum"]
+        assert self.checksums(srv) == before                                     # stable
+        r = srv.request("/update_weights_from_disk", "POST",
+                        {"model_path": v2, "weight_version": "v2", "abort_all_requests": True})
+        assert r.status == 200
+        assert r.json() == {"success": True, "message": "Succeeded to update model weights. Weight version "
+                                                        "updated to v2.", "num_paused_requests": 0}
+        after = self.checksums(srv)
+        assert after["per_engine_checksum"] != before["per_engine_checksum"]
+        info = srv.request("/model_info").json()
+        assert (info["model_path"], info["served_model_name"], info["weight_version"], info["load_format"]) == (
+            v2, v2, "v2", "auto")
+        server_info = srv.request("/server_info").json()
+        assert server_info["model_path"] == v1 and server_info["weight_version"] == "default"   # launch values
+        assert gen(srv, 4).json()["meta_info"]["weight_version"] == "v2"
+        assert "sglang:weight_load_duration_seconds{" in srv.request("/metrics").body.decode()
+        r = srv.request("/update_weight_version", "POST", {"new_version": "v2.1"})
+        assert r.status == 200 and r.json() == {"success": True, "message": "Weight version updated to v2.1",
+                                                "new_version": "v2.1"}
+        assert srv.request("/model_info").json()["weight_version"] == "v2.1"
+        # back to v1: the checksums return to the launch ones
+        assert srv.request("/update_weights_from_disk", "POST", {"model_path": v1}).status == 200
+        assert self.checksums(srv)["per_engine_checksum"] == before["per_engine_checksum"]
+
+    def test_failures_keep_the_old_weights(self, start, tmp_path, node):
+        v1 = make_checkpoint(tmp_path / "ckpt" / "v1")
+        llama = make_checkpoint(tmp_path / "ckpt" / "llama", b"other",
+                                config={"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+        empty = make_model(tmp_path / "ckpt" / "empty")
+        v2 = make_checkpoint(tmp_path / "ckpt" / "v2", b"step 2000")
+        srv = start(["--model-path", v1], env={"SGLANG_SIM_UPDATE_BUFFER_MIB": "500000"})
+        srv.wait_healthy()
+        before = self.checksums(srv)
+        for path, message in (
+                (str(tmp_path / "nowhere"), "Failed to get weights iterator: Cannot find any model weights with "
+                                            "`%s`." % (tmp_path / "nowhere")),
+                (empty, "Failed to get weights iterator: Cannot find any model weights with `%s`." % empty),
+                (llama, "Failed to update weights: the checkpoint at %s is LlamaForCausalLM, the loaded model is "
+                        "Qwen2ForCausalLM" % llama)):
+            r = srv.request("/update_weights_from_disk", "POST", {"model_path": path})
+            assert r.status == 400 and r.json()["success"] is False and r.json()["message"].startswith(message)
+        oom = srv.request("/update_weights_from_disk", "POST", {"model_path": v2})   # the staging buffer
+        assert oom.status == 400
+        assert oom.json()["message"].startswith("Failed to update weights: torch.OutOfMemoryError: CUDA out of "
+                                                "memory. Tried to allocate")
+        assert oom.json()["message"].endswith("\nRolling back to original weights.")
+        assert self.checksums(srv) == before
+        assert srv.request("/model_info").json()["model_path"] == v1
+        assert gen(srv, 4).status == 200                 # still serving
+        assert node.used()[0] > 1                        # the buffer was freed, the server's memory is held
+        assert srv.request("/update_weights_from_disk", "POST", {}).status == 422
+        assert srv.request("/update_weight_version", "POST", {}).status == 422
+        bad = srv.request("/weights_checker", "POST", {"action": "explode"})
+        assert bad.status == 400 and bad.json() == {"success": False, "message": "Unsupported action='explode'"}
+
+    def test_update_waits_for_requests_in_flight(self, start, tmp_path):
+        v1 = make_checkpoint(tmp_path / "ckpt" / "v1")
+        v2 = make_checkpoint(tmp_path / "ckpt" / "v2", b"step 2000")
+        srv = start(["--model-path", v1], env={"SGLANG_SIM_TIME_SCALE": "0.2"})
+        srv.wait_healthy()
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", gen(srv, 200)))
+        t.start()
+        wait_for(lambda: srv.request("/v1/loads").json()["loads"][0]["num_running_reqs"] == 1, 5, what="running")
+        r = srv.request("/update_weights_from_disk", "POST", {"model_path": v2})
+        t.join(30)
+        assert r.status == 200
+        # the request finished on the old weights before the swap (the update waited for it)
+        assert out["r"].status == 200 and out["r"].json()["meta_info"]["completion_tokens"] == 200
+        assert out["r"].json()["meta_info"]["finish_reason"]["type"] == "length"
+
+    def test_snapshot_compare(self, start, tmp_path):
+        v1 = make_checkpoint(tmp_path / "ckpt" / "v1")
+        v2 = make_checkpoint(tmp_path / "ckpt" / "v2", b"step 2000")
+        srv = start(["--model-path", v1])
+        srv.wait_healthy()
+        assert srv.request("/weights_checker", "POST", {"action": "snapshot"}).json() == {
+            "success": True, "message": "Success."}
+        assert srv.request("/weights_checker", "POST", {"action": "compare"}).status == 200
+        assert srv.request("/update_weights_from_disk", "POST", {"model_path": v2}).status == 200
+        assert srv.request("/weights_checker", "POST", {"action": "compare"}).status == 400
