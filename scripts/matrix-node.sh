@@ -8,7 +8,8 @@
 # Builds or reuses the suite's image (scripts/build-image.sh --suite SUITE:
 # localhost/gpufleet-node-SUITE:<hash>), prints what the node runs (Python,
 # systemd), checks that python3 is one the collection supports on nodes
-# (3.9 or later), then runs scripts/run-molecule.sh default with
+# (3.9 or later), runs the node-side SGLang oracle helper once on the image's
+# python3 (see below), then runs scripts/run-molecule.sh default with
 # GPUFLEET_NODE_IMAGE set to that image. The scenario, its inventory and its
 # verify are default's, unchanged: only the node's operating system differs.
 # Exit status: run-molecule.sh's (0 when the scenario passed).
@@ -36,5 +37,27 @@ print("python=%s systemd=%s os=%s ok=%d" % (platform.python_version(), out.split
 ')" || die "could not start python3 in $image"
 say "node $SUITE: $facts"
 [[ $facts == *" ok=1" ]] || die "$image has a python3 older than 3.9, which the collection does not support on nodes"
+
+# The node-side SGLang oracle helper (plugins/module_utils/sglang/oracle_helper.py)
+# runs in the interpreter of the node's SGLang, on the node's Python. The
+# images have no real SGLang or torch, so it must get as far as its guarded
+# import and answer in its documented shape (one JSON object, "ok" false with
+# an import_error), not die with a traceback: this is what its module level
+# and request handling do on this Python. Once the preflight calls it, the
+# scenario below runs it too.
+helper=plugins/module_utils/sglang/oracle_helper.py
+if [[ -f $helper ]]; then
+    request='{"argv": ["--model-path", "/models/llama", "--speculative-algorithm", "EAGLE3"],
+              "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0", "memory_mib": 143771, "count": 8}}'
+    answer="$(printf '%s' "$request" | podman run --rm -i --pull=never --network=none \
+        -v "$REPO/$helper:/tmp/oracle_helper.py:ro" --entrypoint /usr/bin/python3 "$image" /tmp/oracle_helper.py 2>&1)" \
+        || die "the oracle helper failed on $SUITE: $answer"
+    printf '%s' "$answer" | python3 -c '
+import json, sys
+a = json.loads(sys.stdin.read())
+assert a["ok"] is True or (a.get("import_error") or a.get("error") or {}).get("type"), a
+print("oracle helper: ok=%s %s" % (a["ok"], (a.get("import_error") or a.get("error") or {}).get("message", "")))
+' >&2 || die "the oracle helper's answer on $SUITE is not what it documents: $answer"
+fi
 
 GPUFLEET_NODE_IMAGE="$image" exec scripts/run-molecule.sh default
