@@ -499,3 +499,112 @@ class TestWeights:
         assert srv.request("/weights_checker", "POST", {"action": "compare"}).status == 200
         assert srv.request("/update_weights_from_disk", "POST", {"model_path": v2}).status == 200
         assert srv.request("/weights_checker", "POST", {"action": "compare"}).status == 400
+
+
+# =============================================================================
+# PD disaggregation
+# =============================================================================
+def pd_request(prefill, decode, bootstrap_port, room, tokens=32, timeout=60):
+    """What a PD router does: the same request to both roles, with the bootstrap fields."""
+    body = {"text": "hello world", "sampling_params": {"max_new_tokens": tokens},
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": room}
+    out = {}
+
+    def send(name, srv):
+        try:
+            out[name] = srv.request("/generate", "POST", body, timeout=timeout)
+        except OSError as e:
+            out[name] = e
+
+    threads = [threading.Thread(target=send, args=("prefill", prefill)),
+               threading.Thread(target=send, args=("decode", decode))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    return out["prefill"], out["decode"]
+
+
+class TestDisaggregation:
+    def pair(self, start, prefill_args=(), decode_args=(), env=None):
+        boot = free_port()
+        prefill = start(["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
+                         "--enable-metrics"] + list(prefill_args), env=dict(env or {}, CUDA_VISIBLE_DEVICES="0"),
+                        name="prefill")
+        decode = start(["--disaggregation-mode", "decode", "--enable-metrics"] + list(decode_args),
+                       env=dict(env or {}, CUDA_VISIBLE_DEVICES="1"), name="decode")
+        prefill.wait_healthy()
+        decode.wait_healthy()
+        return prefill, decode, boot
+
+    def test_request_through_both_roles_and_queue_gauges(self, start):
+        prefill, decode, boot = self.pair(start, env={"SGLANG_SIM_PD_TRANSFER_S": "0.5"})
+        import urllib.request
+
+        url = "http://127.0.0.1:%d/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+        info = json.loads(urllib.request.urlopen(url % boot, timeout=5).read())
+        assert info["page_size"] == 1 and info["kv_cache_dtype"] == "bfloat16"
+        assert info["decode_allocation_policy"] == "early" and info["prefill_http_port"] == prefill.port
+        assert "kv_layout" not in info and info["target_tp_rank"] is None
+        assert urllib.request.urlopen("http://127.0.0.1:%d/health" % boot, timeout=5).read() == b"OK"
+        seen = {}
+
+        def watch():
+            for _i in range(200):
+                q = sglang_metrics.pd_queue_depths(decode.request("/metrics").body.decode())
+                p = sglang_metrics.pd_queue_depths(prefill.request("/metrics").body.decode())
+                for k, v in list(q.items()) + list(p.items()):
+                    if v:
+                        seen[k] = max(seen.get(k, 0), v)
+                if "done" in seen:
+                    return
+                time.sleep(0.02)
+
+        w = threading.Thread(target=watch)
+        w.start()
+        p_res, d_res = pd_request(prefill, decode, boot, room=4242)
+        seen["done"] = 1
+        w.join(10)
+        assert p_res.status == 200 and p_res.json()["meta_info"]["completion_tokens"] == 1
+        assert d_res.status == 200 and d_res.json()["meta_info"]["completion_tokens"] == 32
+        assert d_res.json()["meta_info"]["cached_tokens"] == d_res.json()["meta_info"]["prompt_tokens"] - 1
+        assert seen.get("decode_transfer") == 1 and seen.get("prefill_inflight") == 1, seen
+        text = decode.request("/metrics").body.decode()
+        assert re.search(r'^sglang:num_decode_transfer_queue_reqs\{[^}]*engine_type="decode"[^}]*\} 0\.0$',
+                         text, re.M)
+        assert decode.request("/model_info").json()["disaggregation_mode"] == "decode"
+
+    def test_allocation_policy_mismatch_fails_the_request(self, start):
+        prefill, decode, boot = self.pair(
+            start, prefill_args=["--disaggregation-decode-allocation-policy", "prefill_complete"],
+            env={"SGLANG_SIM_PD_BOOTSTRAP_TIMEOUT_S": "1"})
+        p_res, d_res = pd_request(prefill, decode, boot, room=1, timeout=20)
+        assert p_res.status == 500 and "KVPoll.Bootstrapping" in p_res.json()["detail"]
+        assert d_res.status == 500
+        detail = d_res.json()["detail"]
+        assert detail.startswith("Decode handshake failed for request rank=0 decode_req.req.rid=")
+        assert ("Disaggregation decode allocation policy mismatch: prefill=prefill_complete, decode=early. "
+                "Set --disaggregation-decode-allocation-policy identically on both roles.") in detail
+        assert decode.poll() is None
+        assert "sglang:num_bootstrap_failed_reqs_total" in decode.request("/metrics").body.decode()
+
+    def test_transfer_backend_mismatch(self, start):
+        prefill, decode, boot = self.pair(start, decode_args=["--disaggregation-transfer-backend", "nixl"],
+                                          env={"SGLANG_SIM_PD_BOOTSTRAP_TIMEOUT_S": "1"})
+        p_res, d_res = pd_request(prefill, decode, boot, room=7, timeout=20)
+        assert d_res.status == 500
+        assert "transfer backend mismatch: the prefill uses mooncake, the decode nixl" in d_res.json()["detail"]
+        assert p_res.status == 500 and "timed out" in p_res.json()["detail"]   # its decode never came
+
+    def test_page_size_mismatch_takes_the_decode_server_down(self, start):
+        prefill, decode, boot = self.pair(start, prefill_args=["--page-size", "16"],
+                                          env={"SGLANG_SIM_PD_BOOTSTRAP_TIMEOUT_S": "1"})
+        pd_request(prefill, decode, boot, room=9, timeout=10)
+        assert decode.wait(20) == -signal.SIGKILL
+        assert ("RuntimeError: Page size mismatch: prefill server has page_size=16, but decode server has "
+                "page_size=1. Both servers must use the same --page-size value.") in decode.log()
+
+    def test_requests_without_bootstrap_fields_are_refused(self, start):
+        prefill, decode, boot = self.pair(start)
+        r = gen(prefill, 4)
+        assert r.status == 400 and "no bootstrap_host/bootstrap_room" in r.json()["error"]["message"]
