@@ -65,9 +65,28 @@ STAGES: dict[str, tuple[list[str], str]] = {
     "sanity": (["bash", "scripts/sanity.sh"], "check"),
     # Its own step, so that its time and any debootstrap/podman failure show apart from the scenarios.
     "image": (["bash", "scripts/build-image.sh"], "check"),
+    # Support matrix (docs/development.md "Support matrix"): the node images of the other suites,
+    # built beside lint/sanity like "image" and waited for before the first scenario.
+    "image-bullseye": (["bash", "scripts/build-image.sh", "--suite", "bullseye"], "check"),
+    "image-trixie": (["bash", "scripts/build-image.sh", "--suite", "trixie"], "check"),
     "molecule-default": (["bash", "scripts/run-molecule.sh", "default"], "check"),
     "molecule-faults": (["bash", "scripts/run-molecule.sh", "faults"], "check"),
     "molecule-multinode": (["bash", "scripts/run-molecule.sh", "multinode"], "check"),
+    # Node matrix: the default scenario on Debian 11 (Python 3.9) and 13 (Python 3.13) hosts.
+    "molecule-bullseye": (["bash", "scripts/matrix-node.sh", "bullseye"], "check"),
+    "molecule-trixie": (["bash", "scripts/matrix-node.sh", "trixie"], "check"),
+    # Controller matrix: ansible-core 2.17 and 2.18 (2.19 is .venv: the stages above).
+    "core-2.17-unit": (["bash", "scripts/matrix-controller.sh", "2.17", "unit"], "pytest"),
+    "core-2.18-unit": (["bash", "scripts/matrix-controller.sh", "2.18", "unit"], "pytest"),
+    "core-2.17-sanity": (["bash", "scripts/matrix-controller.sh", "2.17", "sanity"], "check"),
+    "core-2.18-sanity": (["bash", "scripts/matrix-controller.sh", "2.18", "sanity"], "check"),
+    # The execution environment (ansible-builder on a local base), built beside the two sanity legs.
+    "ee-build": (["bash", "scripts/matrix-ee.sh"], "check"),
+    "core-2.17-redeploy": (["bash", "scripts/matrix-controller.sh", "2.17", "redeploy"], "pytest"),
+    "core-2.18-redeploy": (["bash", "scripts/matrix-controller.sh", "2.18", "redeploy"], "pytest"),
+    # The tarball as a user installs it (clean venv with only ansible-core), and a redeploy inside the EE.
+    "user-install": (_pytest("user-install", ["tests/matrix/test_user_install.py"]), "pytest"),
+    "ee": (_pytest("ee", ["tests/matrix/test_execution_environment.py"]), "pytest"),
 }
 
 
@@ -89,7 +108,10 @@ def _count_junit(path: pathlib.Path) -> tuple[int, int, int]:
 # build (debootstrap: mostly disk and network) runs beside lint and sanity
 # (CPU, and not sensitive to timing), not beside the timing-sensitive suites.
 # It is still reported, and waited for, at its own place in the order.
-EARLY = {"image": "lint"}
+EARLY = {"image": "lint", "image-bullseye": "lint", "image-trixie": "lint",
+         # ansible-builder (podman build: apt and pip downloads) beside the matrix's ansible-test sanity
+         # legs (CPU, not timing-sensitive); waited for before the redeploys.
+         "ee-build": "core-2.17-sanity"}
 
 
 class Started:
