@@ -105,6 +105,7 @@ all:
     sglang_node_environment:
       GPUSIM_ROOT: $GPUSIM_ROOT
       PATH: $REPO/simulator/bin:/usr/local/bin:/usr/bin:/bin
+    gpufleet_gpu_device_paths: ["$GPUSIM_ROOT/dev/nvidia*"]
     sglang_report_dir: $DEMO/reports
     sglang_lock_dir: $DEMO/state
     sglang_server_name: demo

@@ -96,6 +96,9 @@ def record(path, run_id, step, now=None, **fields):
             entry.pop(key, None)
         else:
             entry[key] = value
+    directory = os.path.dirname(path)
+    if directory and not os.path.isdir(directory):
+        os.makedirs(directory, 0o750)
     write_private(path, json.dumps(entry, indent=1, sort_keys=True) + "\n", mode=0o640)
     return entry
 

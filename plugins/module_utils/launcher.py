@@ -551,6 +551,7 @@ class Launcher(object):
                 "other server. Stop that process or choose another port (port / args.port). Nothing was started."
                 % (self.port, owner, self.name))
         started_wall = time.time()
+        self.result["url"] = self.url
         if self.manager == "process":
             env = dict(os.environ)
             env.update(self.env)
@@ -635,6 +636,7 @@ class Launcher(object):
     def wait_healthy(self, pid, start, log_offset, is_child, started, health_path=None, on_poll=None):
         """Wait for a 2xx on the health path; then check the effective config (``check_config``). Raises LaunchError."""
         res = self.result
+        res["url"] = self.url
         timeout = float(self.p["health_timeout"])
         path = health_path or self.p["health_path"]
         url = self.url + path

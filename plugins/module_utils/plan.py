@@ -302,25 +302,13 @@ class Preflight(object):
         lease_info = self.lease_state()
         if not self.problems and not self.check_mode and self.wants_lease(decision["action"]):
             lease_info = self.take_lease(lease_info)
-            if lease_info.get("acquired") and (lease_info.get("waited", 0) > 0.5 or lease_info.get("took_over")):
-                # Another run may have changed the node while this one waited: look again, under the lease.
-                found = self.inspect_server(launcher, self.snapshot()[1])
-                entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
-                kg = self.known_good(manager)
-                decision = redeploy.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
-            if lease_info.get("acquired") and decision["action"] != redeploy.NONE:
-                running = found["running"] or {}
-                journal_mod.record(journal_mod.path_for(p["state_dir"]), self.run_id, journal_mod.PLANNED,
-                                   detail="%s: %s" % (decision["action"], decision["why"]),
-                                   plan={"action": decision["action"], "why": decision["why"]},
-                                   old={"pid": running.get("pid"), "fingerprint": running.get("fingerprint")},
-                                   known_good={"fingerprint": kg.get("fingerprint")},
-                                   intended={"fingerprint": launcher.fp},
-                                   controller=self.lease_opts.get("controller") or None)
-            elif lease_info.get("acquired") and self.lease_opts.get("acquire") != "always":
-                lease_mod.release(self.lease_path, self.run_id)
-                lease_info["released"] = True
-                lease_info["acquired"] = False
+            try:
+                found, entry, kg, decision = self.under_lease(lease_info, launcher, manager, found, entry, kg, decision)
+            except Exception:
+                # Whatever went wrong after the lease was taken, the lease must not outlive this run's failure.
+                if lease_info.get("acquired"):
+                    lease_mod.release(self.lease_path, self.run_id)
+                raise
         running_identity = None
         record = (found["current"].get("record") or {})
         if found["running"] and record.get("fingerprint") == found["running"].get("fingerprint"):
@@ -346,6 +334,29 @@ class Preflight(object):
             result["msg"] = "Preflight failed on %s; the running server was not touched. %s" % (
                 p["label"] or p["name"], " | ".join(self.problems))
         return result
+
+    def under_lease(self, lease_info, launcher, manager, found, entry, kg, decision):
+        p = self.p
+        if lease_info.get("acquired") and (lease_info.get("waited", 0) > 0.5 or lease_info.get("took_over")):
+            # Another run may have changed the node while this one waited: look again, under the lease.
+            found = self.inspect_server(launcher, self.snapshot()[1])
+            entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
+            kg = self.known_good(manager)
+            decision = redeploy.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+        if lease_info.get("acquired") and decision["action"] != redeploy.NONE:
+            running = found["running"] or {}
+            journal_mod.record(journal_mod.path_for(p["state_dir"]), self.run_id, journal_mod.PLANNED,
+                               detail="%s: %s" % (decision["action"], decision["why"]),
+                               plan={"action": decision["action"], "why": decision["why"]},
+                               old={"pid": running.get("pid"), "fingerprint": running.get("fingerprint")},
+                               known_good={"fingerprint": kg.get("fingerprint")},
+                               intended={"fingerprint": launcher.fp},
+                               controller=self.lease_opts.get("controller") or None)
+        elif lease_info.get("acquired") and self.lease_opts.get("acquire") != "always":
+            lease_mod.release(self.lease_path, self.run_id)
+            lease_info["released"] = True
+            lease_info["acquired"] = False
+        return found, entry, kg, decision
 
     # ------------------------------------------------------------------
     def lease_state(self):

@@ -177,21 +177,23 @@ def decide(intended_fp, running, known_good_fp, entry, force=False):
     if force:
         return {"action": RESTART, "why": "sglang_redeploy_force is set", "recovering": interrupted, "interrupted": interrupted}
     if running.get("fingerprint") and running.get("fingerprint") == intended_fp:
-        if running.get("healthy") is False:
-            return {"action": RESTART, "why": "the server runs the intended config but does not answer its health check",
-                    "recovering": interrupted, "interrupted": interrupted}
-        if known_good_fp == intended_fp and not (interrupted and entry.get("candidate", {}).get("fingerprint") == intended_fp
-                                                 and entry.get("step") in journal_mod.PAST_TEARDOWN):
+        fresh_candidate = interrupted and (entry.get("candidate") or {}).get("fingerprint") == intended_fp \
+            and entry.get("step") in journal_mod.PAST_TEARDOWN
+        if known_good_fp == intended_fp and not fresh_candidate and running.get("healthy") is not False:
             return {"action": NONE, "why": "the healthy server already runs the promoted (known-good) intended config",
                     "recovering": False, "interrupted": interrupted}
-        if interrupted:
+        if running.get("healthy") is False and known_good_fp == intended_fp and not fresh_candidate:
+            why = "the server runs the promoted intended config but does not answer its health check; gating it again " \
+                  "(health, config check, smoke), and rolling back if it fails"
+        elif interrupted:
             why = "%s: the server it started runs the intended config, which never passed the smoke gate; finishing the " \
-                  "verification (smoke, then promote or roll back)" % note
+                  "verification (health, config check, smoke), then promote or roll back" % note
         elif known_good_fp:
             why = "the server runs the intended config, which was never promoted (the known-good config is another one); " \
-                  "verifying it (smoke, then promote or roll back)"
+                  "verifying it (health, config check, smoke), then promote or roll back"
         else:
-            why = "the server runs the intended config, but this node has no known-good config; verifying it (smoke, then promote)"
+            why = "the server runs the intended config, but this node has no known-good config; verifying it (health, " \
+                  "config check, smoke), then promote"
         return {"action": VERIFY, "why": why, "recovering": interrupted, "interrupted": interrupted}
     why = "the running server (PID %s, %s) runs another config" % (running.get("pid"), running.get("source") or "managed")
     if not running.get("fingerprint"):

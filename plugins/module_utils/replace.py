@@ -28,7 +28,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
 
-PHASES = ("all", "teardown", "launch")
+PHASES = ("all", "teardown", "launch", "verify")
 TARGETS = ("candidate", "known_good")
 
 
@@ -70,9 +70,12 @@ class Replace(object):
         self.keepalive = None
         self.step = None
         self.secrets = []
-        self.result = {"changed": False, "phase": self.p["phase"], "target": self.p["target"], "torn_down": False,
+        # In the launch phase of a multi-node group the teardown ran in an earlier module run.
+        self.result = {"changed": False, "phase": self.p["phase"], "target": self.p["target"],
+                       "torn_down": self.p["phase"] == "launch",
                        "signalled": [], "steps": [], "timings": {}, "node_state": "unchanged"}
         self.candidate_pid = None
+        self.verify_launcher = None
 
     # ------------------------------------------------------------------
     def elapsed(self):
@@ -180,6 +183,39 @@ class Replace(object):
         self.result["timings"]["%s_healthy_s" % label] = round(time.monotonic() - t0, 3)
         return launcher
 
+    def verify_running(self):
+        """Gate the server that already runs the intended config (an interrupted run's candidate): health, config
+        check, GPUs allocated; nothing is stopped or started."""
+        launcher = launch_mod.Launcher(self.module, self.launch_params("candidate"))
+        blockers = launcher.plan()
+        self.secrets.extend(launcher.secrets)
+        if blockers:
+            raise launch_mod.LaunchError("the intended config cannot be checked: %s" % "; ".join(blockers))
+        cur = launcher.current()
+        if not cur["pid"] or cur.get("fingerprint") != launcher.fp:
+            raise launch_mod.LaunchError("the server that runs now (PID %s) is not the intended config any more; run the "
+                                         "redeploy again" % cur["pid"])
+        self.candidate_pid = cur["pid"]
+        self.result["torn_down"] = True     # the server under test is the unverified candidate: a failure rolls back
+        self.mark(journal_mod.LAUNCHING, detail="verifying the running candidate PID %s" % cur["pid"],
+                  candidate={"pid": cur["pid"], "starttime": cur["start"], "fingerprint": launcher.fp})
+        record = cur.get("record") or {}
+        offset = record.get("log_offset", 0) if record.get("pid") == cur["pid"] else 0
+        launcher.result["pid"] = cur["pid"]
+        t0 = time.monotonic()
+        try:
+            launcher.wait_healthy(cur["pid"], cur["start"], offset, False, started=False, on_poll=self.tick)
+        except launch_mod.LaunchError:
+            self.verify_launcher = launcher
+            raise
+        self.result["timings"]["candidate_healthy_s"] = round(time.monotonic() - t0, 3)
+        self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
+        if (self.p["verify"] or {}).get("allocated", True):
+            self.verify_gpus("allocated", (self.p["teardown"] or {}).get("gpus") or [])
+        self.mark(journal_mod.LAUNCHED, detail="running candidate PID %s healthy, config checked, GPUs allocated" % cur["pid"])
+        self.result["node_state"] = "candidate running (not yet promoted)"
+        return self.finish()
+
     def stop_failed(self, launcher):
         """Stop a candidate that failed its gate (it may still run), then prove the GPUs free again."""
         td = dict(self.p["teardown"] or {})
@@ -214,6 +250,8 @@ class Replace(object):
                 self.keepalive = keepalive if self.lease_path else None
                 self.ensure_directories()
                 params = None
+                if p["phase"] == "verify":
+                    return self.verify_running()
                 if p["phase"] in ("all", "launch"):
                     params = self.launch_params(p["target"])
                     if params is None:
@@ -260,6 +298,7 @@ class Replace(object):
         p = self.p
         msg = getattr(exc, "msg", str(exc))
         extra = getattr(exc, "extra", None) or {}
+        launcher = launcher or getattr(self, "verify_launcher", None)
         if launcher is not None:
             self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
         elif extra:

@@ -28,9 +28,11 @@ description:
   - O(phase) splits the run for a multi-node server, whose ranks must all be torn down before any starts.
 options:
   phase:
-    description: V(all), V(teardown) (steps 1-2 only) or V(launch) (steps 3-4 only).
+    description:
+      - V(all), V(teardown) (steps 1-2 only), V(launch) (steps 3-4 only), or V(verify) (step 4 only, on the server
+        that already runs the intended config: the candidate an interrupted run left unverified).
     type: str
-    choices: [all, teardown, launch]
+    choices: [all, teardown, launch, verify]
     default: all
   target:
     description: V(candidate) (the O(launch) config) or V(known_good) (the record under C(<config_dir>/known-good)).

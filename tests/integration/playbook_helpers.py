@@ -283,8 +283,10 @@ class PlaybookRun(object):
         self.artifacts = pathlib.Path(artifacts)
         self.wall = wall
         self.run_id = None
-        for e in self.task_events("Name this run (once, on the controller)", ("runner_on_ok",), host=None):
-            self.run_id = e["event_data"].get("res", {}).get("ansible_facts", {}).get("sglang_run_started")
+        for e in self.results(("runner_on_ok",)):
+            facts = (e["event_data"].get("res") or {}).get("ansible_facts") or {}
+            if isinstance(facts.get("sglang_redeploy_run"), dict):
+                self.run_id = facts["sglang_redeploy_run"].get("run_id")
         if self.run_id:     # runs in parallel write to the same directory: keep this run's files only
             report_paths = [p for p in report_paths if p.name.startswith(self.run_id + "-")]
         self.report_paths = report_paths
@@ -397,6 +399,49 @@ class RunHandle(object):
         if self._error is not None:
             raise self._error
         return self._result
+
+
+class Controller(object):
+    """An ``ansible-playbook`` child started by :meth:`SimNode.spawn_playbook`."""
+
+    def __init__(self, node, proc, log):
+        self.node = node
+        self.proc = proc
+        self.log = log
+
+    def wait_for_step(self, steps, timeout=120):
+        """Wait until the node journal shows one of ``steps`` for a run that is not finished; returns the entry."""
+        steps = (steps,) if isinstance(steps, str) else tuple(steps)
+        found = {}
+
+        def reached():
+            entry = self.node.journal()
+            if entry.get("step") in steps:
+                found.update(entry)
+                return True
+            assert self.proc.poll() is None, "the controller ended (rc %s) before step %s; log:\n%s" % (
+                self.proc.returncode, steps, self.log.read_text(errors="replace")[-4000:])
+            return False
+
+        wait_for(reached, timeout, 0.02, "journal step %s" % (steps,))
+        return found
+
+    def kill(self, sig=signal.SIGKILL, group=True):
+        """Send ``sig`` to the controller (its PID), or to its whole process group (the session this test made)."""
+        if group:
+            os.killpg(self.proc.pid, sig)
+        else:
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout=300):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("ansible-playbook did not end within %s s; log:\n%s" % (
+                timeout, self.log.read_text(errors="replace")[-4000:]))
+
+    def output(self):
+        return self.log.read_text(errors="replace")
 
 
 # --------------------------------------------------------------------------
@@ -558,6 +603,8 @@ class SimNode(object):
             "ansible_connection": "local",
             "ansible_python_interpreter": str(VENV_BIN / "python"),
             "sglang_node_environment": {"GPUSIM_ROOT": str(self.root), "PATH": self.path_env},
+            # The simulator's device files (modules never read GPUSIM_ROOT themselves).
+            "gpufleet_gpu_device_paths": [str(self.root / "dev" / "nvidia*")],
             "sglang_report_dir": str(self.reports),
             "sglang_lock_dir": str(self.lock_dir),
             "sglang_lock_timeout": 120,
@@ -644,6 +691,42 @@ class SimNode(object):
         """Start a run in a thread; returns a :class:`RunHandle` (``.wait()``)."""
         kwargs = self._prepare(playbook, host_vars, extravars, check, hosts)
         return RunHandle(lambda: self._execute(playbook, kwargs))
+
+    # -- a controller this test can kill ---------------------------------------
+    def spawn_playbook(self, playbook="redeploy.yml", host_vars=None, extravars=None, check=False):
+        """Start ``ansible-playbook`` as a child in its own session (a controller the test can SIGKILL,
+        SIGINT or SIGTERM by its PID); returns a :class:`Controller`."""
+        kwargs = self._prepare(playbook, host_vars, extravars, check)
+        pdd = pathlib.Path(kwargs["private_data_dir"])
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", kwargs["inventory"], str(PLAYBOOKS / playbook)]
+        if extravars:
+            extra = pdd / "extravars.json"
+            extra.write_text(json.dumps(extravars))
+            argv += ["-e", "@%s" % extra]
+        if check:
+            argv += ["--check", "--diff"]
+        env = dict(os.environ, **kwargs["envvars"])
+        log = pdd / "controller.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=str(pdd))
+        self.procs.popens.append(proc)
+        wait_for(lambda: starttime(proc.pid) is not None or proc.poll() is not None, 5, 0.01, "ansible-playbook")
+        self.procs.track(proc.pid)
+        return Controller(self, proc, log)
+
+    def journal(self):
+        """The node journal (``<state_dir>/journal.json``), or {}."""
+        try:
+            return json.loads((self.state / "journal.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def lease_holder(self):
+        try:
+            return json.loads((self.lock_path / "holder.json").read_text())
+        except (OSError, ValueError):
+            return None
 
     # -- secrets -------------------------------------------------------------
     def leaks(self):

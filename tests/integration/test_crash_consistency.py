@@ -1,0 +1,334 @@
+"""Crash-consistent redeploys (issue 12), through the real playbook against a simulated node.
+
+Every interruption here is a real one: ``ansible-playbook`` runs as a child of the test in its own
+session, and the test SIGKILLs, SIGINTs or SIGTERMs it (its PID, or its whole process group, as Ctrl-C
+and an AWX cancel do) at a step read from the node journal. Then the same inventory runs again, and
+the tests check what the node looks like and what the rerun did: it never reports an unverified
+server as fine, never leaves the node without a server, and says what it took over and why.
+
+Each test starts from a fresh simulated node with the good config deployed and promoted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import pytest
+
+from playbook_helpers import (FAST_SERVER_ENV, HOST, RESOLVED_SPEC, Procs, SimNode, alive, http_get, starttime,
+                              wait_for)
+
+pytestmark = pytest.mark.slow
+
+# What the bad candidate runs: the incident config as SGLang resolves it (2 draft tokens), so the smoke gate
+# (min accept length 2.0) fails it, while its prediction and its /server_info agree.
+BAD = {"sglang_server_spec_policy": "mirror"}
+
+
+@pytest.fixture
+def procs():
+    tracker = Procs()
+    yield tracker
+    left = tracker.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left
+
+
+@pytest.fixture
+def node(tmp_path, procs):
+    n = SimNode(tmp_path / "node", procs)
+    run = n.run()
+    assert run.rc == 0 and run.row()["status"] == "deployed", run.summary()
+    n.good_pid = n.server_pid()
+    return n
+
+
+def server_spec(node):
+    status, info = http_get(node.url + "/server_info", api_key=node.api_key)
+    if status != 200:
+        return None
+    return dict((k, info.get(k)) for k in RESOLVED_SPEC)
+
+
+def known_good_fingerprint(node):
+    return json.loads((node.etc / "known-good" / "server.json").read_text())["fingerprint"]
+
+
+def bad_vars(node, **extra):
+    env = dict(FAST_SERVER_ENV)
+    env.update(extra.pop("server_env", {}))
+    hv = node.host_vars(server_env=env, **BAD)
+    hv.update(extra)
+    return hv
+
+
+def assert_good_server_serves(node):
+    assert node.health() == 200
+    assert server_spec(node) == RESOLVED_SPEC, server_spec(node)
+
+
+# --------------------------------------------------------------------------
+# 1. An interrupted run never leaves an unverified server reported as fine
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["sigkill", "sigint", "sigterm"])
+def test_interrupted_while_the_candidate_starts_then_the_rerun_verifies_and_rolls_back(node, how):
+    hv = bad_vars(node, server_env={"SGLANG_SIM_STARTUP_S": "3"})
+    ctl = node.spawn_playbook(host_vars=hv)
+    entry = ctl.wait_for_step("launching")
+    assert entry["candidate"]["fingerprint"] != known_good_fingerprint(node)
+    sig = {"sigkill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM}[how]
+    ctl.kill(sig, group=True)
+    rc = ctl.wait()
+    assert rc != 0
+    journal = node.journal()
+    assert journal["step"] in ("launching", "interrupted"), journal
+    if how != "sigkill":
+        # The module itself caught the signal and said so in the journal.
+        assert journal["step"] == "interrupted" and "launching" in journal.get("detail", ""), journal
+    candidate = journal.get("candidate", entry["candidate"])
+    assert alive(candidate["pid"]), "the candidate server should still be starting on its own"
+
+    rerun = node.run(host_vars=hv)
+    row = rerun.row()
+    assert row["plan"] == "verify", row
+    assert row["status"] == "rolled_back", row
+    assert row["step"] == "smoke" and "accept length" in row["error"], row
+    assert row["lease"]["took_over"] == entry["run_id"], row["lease"]
+    assert "controller" in row["lease"]["took_over_reason"], row["lease"]
+    assert_good_server_serves(node)
+    assert not alive(candidate["pid"]), "the unverified candidate must be gone after the rollback"
+    assert node.journal()["step"] == "rolled_back"
+    assert node.lease_holder() is None, "the rerun must release the lease"
+
+
+def test_interrupted_candidate_that_is_good_is_verified_and_promoted_not_restarted(node):
+    hv = node.host_vars(sglang_server_env=dict(node.host_vars()["sglang_server_env"], SGLANG_SIM_STARTUP_S="3"),
+                        sglang_smoke_min_accept_length=2.0)
+    hv["sglang_server_args"] = dict(hv["sglang_server_args"], schedule_policy="lpm")
+    ctl = node.spawn_playbook(host_vars=hv)
+    entry = ctl.wait_for_step("launching")
+    ctl.kill(signal.SIGKILL, group=True)
+    ctl.wait()
+    candidate_pid = entry["candidate"]["pid"]
+    rerun = node.run(host_vars=hv)
+    row = rerun.row()
+    assert row["plan"] == "verify" and row["status"] == "deployed", row
+    assert node.server_pid() == candidate_pid, "the verified candidate is promoted in place, not restarted"
+    assert row["signalled"] == [], row["signalled"]
+    assert known_good_fingerprint(node) == entry["candidate"]["fingerprint"]
+    third = node.run(host_vars=hv)
+    assert third.row()["status"] == "unchanged", third.row()
+
+
+# --------------------------------------------------------------------------
+# 2. A dead controller does not block the node, and the node is never left down
+# --------------------------------------------------------------------------
+
+def test_controller_killed_during_the_teardown_rerun_takes_over_at_once_and_redeploys(node):
+    # The old server drains for 4 s after SIGTERM: the controller dies in the middle of it.
+    slow = node.host_vars(sglang_server_env=dict(node.host_vars()["sglang_server_env"], SGLANG_SIM_SHUTDOWN_S="4"))
+    assert node.run(host_vars=slow, extravars={"sglang_redeploy_force": True}).rc == 0
+    old = node.server_pid()
+    change = dict(slow)
+    change["sglang_server_args"] = dict(slow["sglang_server_args"], schedule_policy="lpm")
+    change["sglang_lock_timeout"] = 600          # a wait for the lease would show in the wall time
+    ctl = node.spawn_playbook(host_vars=change)
+    entry = ctl.wait_for_step("teardown")
+    ctl.kill(signal.SIGKILL, group=True)
+    ctl.wait()
+    wait_for(lambda: not alive(old), 30, what="the old server to finish its drain")
+    assert node.health() is None or node.health() != 200
+    holder = node.lease_holder()
+    assert holder and holder["owner"] == entry["run_id"], "the dead run's lease stays behind"
+
+    began = time.monotonic()
+    rerun = node.run(host_vars=change)
+    assert time.monotonic() - began < 120, "the rerun must not wait for the dead run's lease"
+    row = rerun.row()
+    assert row["status"] == "deployed" and row["plan"] == "start", row
+    assert row["lease"]["took_over"] == entry["run_id"]
+    assert "gone" in row["lease"]["took_over_reason"]
+    assert any("TOOK OVER" in line for line in rerun.task_result("Show the plan")["msg"])
+    assert node.health() == 200
+
+
+def test_a_live_lease_of_another_machine_waits_then_names_the_holder_and_the_break(node):
+    lease = node.lock_path
+    lease.mkdir()
+    holder = {"owner": "20261201T000000Z-1-0001", "controller": {"host": "ctl-elsewhere", "pid": 4242, "boot_id": "other-boot",
+                                                                "pidns": "pid:[1]"},
+              "taken_at": time.time(), "renewed_at": time.time(), "expires_at": time.time() + 3600, "ttl": 3600}
+    (lease / "holder.json").write_text(json.dumps(holder))
+    hv = node.host_vars(sglang_lock_timeout=2)
+    hv["sglang_server_args"] = dict(hv["sglang_server_args"], schedule_policy="lpm")
+    run = node.run(host_vars=hv)
+    row = run.row()
+    assert run.rc != 0 and row["status"] == "failed" and row["step"] == "preflight", row
+    assert holder["owner"] in row["error"] and "sglang_lease_break" in row["error"] and "ctl-elsewhere" in row["error"]
+    assert node.server_pid() == node.good_pid and node.health() == 200, "nothing was touched"
+    shown = node.run("break_lease.yml", host_vars=hv)
+    assert shown.rc == 0 and (lease / "holder.json").exists(), "showing the holder breaks nothing"
+    broken = node.run("break_lease.yml", host_vars=hv, extravars={"sglang_lease_break": holder["owner"]})
+    assert broken.rc == 0 and not lease.exists()
+    again = node.run(host_vars=hv)
+    assert again.row()["status"] == "deployed", again.row()
+
+
+def test_an_expired_lease_of_another_machine_is_taken_over_and_said(node):
+    lease = node.lock_path
+    lease.mkdir()
+    holder = {"owner": "20261201T000000Z-2-0002", "controller": {"host": "ctl-elsewhere", "pid": 1, "boot_id": "other-boot",
+                                                                "pidns": "pid:[1]"},
+              "taken_at": time.time() - 900, "renewed_at": time.time() - 900, "expires_at": time.time() - 600, "ttl": 300}
+    (lease / "holder.json").write_text(json.dumps(holder))
+    run = node.run()
+    row = run.row()
+    assert row["status"] == "unchanged" and row["lease"]["took_over"] is None, \
+        "nothing to do: no lease is needed, so none is taken over"
+    hv = node.host_vars()
+    hv["sglang_server_args"] = dict(hv["sglang_server_args"], schedule_policy="lpm")
+    run = node.run(host_vars=hv)
+    row = run.row()
+    assert row["status"] == "deployed" and row["lease"]["took_over"] == holder["owner"], row
+    assert "deadline passed" in row["lease"]["took_over_reason"]
+
+
+# --------------------------------------------------------------------------
+# 3. Everything is validated before anything is touched
+# --------------------------------------------------------------------------
+
+BAD_SETTINGS = [
+    ({"sglang_server_health_timeout": 0}, "sglang_server_health_timeout"),
+    ({"sglang_server_health_timeout": -5}, "sglang_server_health_timeout"),
+    ({"gpu_verify_timeout": -1}, "gpu_verify_timeout"),
+    ({"gpu_teardown_term_timeout": -10}, "gpu_teardown_term_timeout"),
+    ({"sglang_smoke_timeout": 0}, "sglang_smoke_timeout"),
+    ({"sglang_server_cuda_visible_devices": "0,1", "tp_size": 4}, "sglang_server_cuda_visible_devices"),
+    ({"sglang_server_api_key": "sk-line\nbreak"}, "sglang_server_api_key"),
+    ({"sglang_server_args": "model_path=/m tp_size=2"}, "sglang_server_args"),
+]
+
+
+@pytest.mark.parametrize("override,names", BAD_SETTINGS, ids=[b[1] + "-" + str(i) for i, b in enumerate(BAD_SETTINGS)])
+def test_a_bad_setting_fails_the_preflight_names_the_variable_and_touches_nothing(node, override, names):
+    hv = node.host_vars()
+    override = dict(override)
+    if "tp_size" in override:
+        hv["sglang_server_args"] = dict(hv["sglang_server_args"], tp_size=override.pop("tp_size"))
+    hv.update(override)
+    hv["sglang_server_args"] = hv["sglang_server_args"] if not isinstance(hv["sglang_server_args"], dict) else \
+        dict(hv["sglang_server_args"], schedule_policy="lpm")
+    before = node.server_pid()
+    run = node.run(host_vars=hv)
+    row = run.row()
+    assert run.rc != 0 and row["status"] == "failed", row
+    assert names in row["error"], row["error"]
+    assert "Rollback failed" not in row["error"] and row["rollback"]["status"] == "not_needed", row
+    assert node.server_pid() == before and node.health() == 200, "the running server must be untouched"
+    assert node.lease_holder() is None
+    assert "sk-line" not in json.dumps(run.report) and "sk-line" not in run.everything()
+
+
+# --------------------------------------------------------------------------
+# 4. Every place the run writes is checked first
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("place", ["sglang_server_config_dir", "sglang_server_state_dir", "sglang_report_dir"])
+def test_an_unwritable_place_fails_before_the_teardown(node, place, tmp_path):
+    blocker = tmp_path / "a-regular-file"
+    blocker.write_text("not a directory\n")
+    hv = node.host_vars()
+    hv["sglang_server_args"] = dict(hv["sglang_server_args"], schedule_policy="lpm")
+    hv[place] = str(blocker / "sub")
+    before = node.server_pid()
+    run = node.run(host_vars=hv)
+    assert run.rc != 0
+    assert node.server_pid() == before and node.health() == 200, "nothing may be torn down"
+    text = run.everything()
+    assert place in text and "not a directory" in text.lower()
+    if place != "sglang_report_dir":
+        row = run.row()
+        assert row["step"] == "preflight" and place in row["error"], row
+
+
+# --------------------------------------------------------------------------
+# 5. Another team's server is never stopped without consent
+# --------------------------------------------------------------------------
+
+def test_a_foreign_server_on_the_target_gpus_fails_the_preflight_unless_allowed(node):
+    other_port = _free_port()
+    foreign_args = dict(model_path=str(node.target), tp_size=2, port=other_port)
+    env = dict(node.env, CUDA_VISIBLE_DEVICES="2,3", **FAST_SERVER_ENV)
+    proc = node.procs.spawn(node.server_argv(foreign_args), env=env, log=node.logs / "foreign.log")
+    wait_for(lambda: http_get("http://127.0.0.1:%d/health" % other_port)[0] == 200, 60, what="the foreign server")
+    hv = node.host_vars(sglang_server_cuda_visible_devices="2,3")
+    check = node.run(host_vars=hv, check=True)
+    holders = check.row()["holders"]
+    assert any(h["class"] == "foreign" and h["pid"] != proc.pid for h in holders) or \
+        any(h["class"] == "foreign" for h in holders), holders
+    run = node.run(host_vars=hv)
+    row = run.row()
+    assert run.rc != 0 and row["step"] == "preflight", row
+    assert "sglang_teardown_foreign" in row["error"] and str(other_port) in row["error"], row["error"]
+    assert alive(proc.pid) and http_get("http://127.0.0.1:%d/health" % other_port)[0] == 200
+    assert node.server_pid() == node.good_pid and node.health() == 200
+    allowed = node.run(host_vars=dict(hv, sglang_teardown_foreign=True))
+    assert allowed.row()["status"] == "deployed", allowed.row()
+    wait_for(lambda: not alive(proc.pid), 30, what="the foreign server to be stopped")
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --------------------------------------------------------------------------
+# 6. Secrets stay out of records and logs
+# --------------------------------------------------------------------------
+
+def test_a_secret_environment_value_is_in_no_record_and_the_log_is_private(node):
+    token = "hf_itmarker_" + os.urandom(6).hex()
+    hv = node.host_vars(sglang_server_env=dict(node.host_vars()["sglang_server_env"], HF_TOKEN=token))
+    run = node.run(host_vars=hv)
+    assert run.row()["status"] == "deployed", run.row()
+    for rel in ("candidate/server.json", "known-good/server.json"):
+        text = (node.etc / rel).read_text()
+        assert token not in text and "HF_TOKEN" in text, rel
+    secrets_file = node.etc / "known-good" / "secrets.json"
+    assert secrets_file.stat().st_mode & 0o077 == 0 and token in secrets_file.read_text()
+    assert (node.logs / "server.log").stat().st_mode & 0o077 == 0, "the server log holds SGLang's echo of its args"
+    assert token not in run.everything() and token not in json.dumps(run.report)
+    assert token in open("/proc/%d/environ" % node.server_pid(), "rb").read().decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------
+# 7. Idempotent after a rollback
+# --------------------------------------------------------------------------
+
+def test_after_a_rollback_the_known_good_config_is_unchanged_on_the_next_run(node):
+    bad = bad_vars(node)
+    failed = node.run(host_vars=bad)
+    assert failed.row()["status"] == "rolled_back", failed.row()
+    good = node.run()
+    assert good.row()["status"] == "unchanged", good.row()
+    assert good.row()["signalled"] == []
+
+
+# --------------------------------------------------------------------------
+# 8. Messages say what happened
+# --------------------------------------------------------------------------
+
+def test_the_report_records_a_wait_for_another_runs_lease(node):
+    slow = node.host_vars(sglang_server_env=dict(node.host_vars()["sglang_server_env"], SGLANG_SIM_STARTUP_S="2"))
+    slow["sglang_server_args"] = dict(slow["sglang_server_args"], schedule_policy="lpm")
+    first = node.spawn_playbook(host_vars=slow)
+    entry = first.wait_for_step(("planned", "teardown", "torn_down", "launching"))
+    second = node.run(host_vars=slow)
+    assert first.wait() == 0
+    row = second.row()
+    assert row["lease"]["waited_for"] == entry["run_id"] and row["lease"]["waited_s"] > 0, row["lease"]
+    assert row["status"] == "unchanged", row
