@@ -591,12 +591,34 @@ class RouterWorker(object):
         reach the worker URL, the router's own checks decide.
         """
         key = self.p["worker_api_key"]
+        if self.router.api_version == API_1 and self.p["api_key"] and self.router_keyed():
+            # smg 1.x forwards the caller's Authorization header in place of the worker's key (measured on
+            # 1.13.0; "Caller Authorization takes precedence"), and a keyed router's callers all send its key.
+            self.probe_worker_key(self.p["api_key"], (
+                "%s rejects the router's api_key (HTTP %%d on %%s). smg 1.x sends the caller's Authorization header, "
+                "which for a router with --api-key is the router's key, to the worker instead of worker_api_key, so "
+                "every request routed to this server would fail with 401. Give the server the router's key "
+                "(--api-key), or run the router without --api-key." % self.url))
+            return
+        self.probe_worker_key(key, None)
+
+    def router_keyed(self):
+        """Whether the router's management routes need its key (asked without one)."""
+        try:
+            status, dummy, dummy2 = request("GET", self.router.base + "/workers", timeout=self.router.request_timeout)
+        except HTTPConnectionError:
+            return True
+        return status in (401, 403)
+
+    def probe_worker_key(self, key, message):
         for path in ("/model_info", "/get_model_info"):
             try:
                 status, dummy, dummy2 = request("GET", self.url + path, api_key=key, timeout=min(self.p["request_timeout"] or 10, 5))
             except HTTPConnectionError:
                 return
             if status in (401, 403):
+                if message:
+                    self.fail(message % (status, path))
                 if key:
                     self.fail("%s rejects worker_api_key (HTTP %d on %s); the router would fail every request to it. "
                               "Set worker_api_key to the server's --api-key." % (self.url, status, path))

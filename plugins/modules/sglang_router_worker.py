@@ -192,6 +192,11 @@ notes:
   - "A worker added without its key (O(worker_api_key)) can still be reported healthy, because SGLang serves
     C(/health) without a key; every request routed to it would then fail with 401. Before registering, the module
     reads the worker's C(/model_info) with the key the router will use, and fails on 401 or 403."
+  - "smg 1.13.0 sends the caller's C(Authorization) header to the worker in place of the worker's key, and falls back
+    to the worker's key only when the caller sent none. Behind a router with C(--api-key), whose callers all send the
+    router's key, a server must therefore accept the router's key; on smg 1.x with O(api_key) set the module checks
+    that (a keyless C(GET /workers) tells whether the router has a key) and fails otherwise. sglang-router 0.3.2
+    replaces the header with the worker's key."
   - "The 0.1 API (sglang-router 0.1.9) is implemented from the route table of its binary and was not run against a
     real 0.1 router; it reports no health, so the last-worker check counts listed workers."
 seealso:

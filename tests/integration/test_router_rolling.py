@@ -1,10 +1,12 @@
-"""Router-aware rolling redeploy against the real sglang-router (smg 0.3.2
-from PyPI) in front of three simulated SGLang workers on loopback.
+"""Router-aware rolling redeploy against the real routers, smg 1.13.0 (the
+current line, in its own venv from scripts/setup-smg.sh) and sglang-router
+0.3.2 (in .venv), in front of simulated SGLang workers on loopback.
 
 ``test_rolling_redeploy_behind_router``: a bounded client load (about 20
 short ``/generate`` requests per second through the router, with a fixed
 maximum count and a time limit) runs while ``playbooks/redeploy.yml`` rolls
-the three workers, one at a time (``sglang_serial: 1``), from the incident
+the workers (three behind smg 1.x, two behind 0.3.2), one at a time
+(``sglang_serial: 1``), from the incident
 config (EAGLE3, topk 1, steps 1, 16 draft tokens, which SGLang runs as 2) to
 the same config resolved with ``honor_draft_tokens`` (steps 15, 16 draft
 tokens). The router runs with ``--disable-retries`` and slow health checks
@@ -12,12 +14,12 @@ tokens). The router runs with ``--disable-retries`` and slow health checks
 being retried or avoided by the router's own health checking; without the
 router steps (sglang_router_url empty) the same scenario loses requests. It
 asserts: no client request failed, every worker runs the new config, and the
-router lists all three as healthy at the end.
+router lists all of them as Ready at the end.
 
 ``test_module_against_real_router``: sglang_router_worker through Ansible
 against a keyed router and a keyed worker: present/absent idempotence, check
-mode, the worker key reaching the router, the drain, and no secret in any
-output.
+mode, the worker key reaching the router, the last-worker guard, the drain,
+and no secret in any output.
 
 Every process (router, workers, the servers the playbook launches) is
 recorded by PID and killed by PID and session at the end; the client load
@@ -46,7 +48,6 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 SIM_PY = REPO / "simulator" / "python"
 SIM_BIN = REPO / "simulator" / "bin"
 VENV_BIN = pathlib.Path(sys.executable).parent
-SMG = VENV_BIN / "smg"
 MODULE = "gpufleet.sglang.sglang_router_worker"
 
 ROUTER_KEY = "rk-it-3b9c0e5d7a1f"
@@ -69,13 +70,36 @@ INCIDENT = {
 RESOLVED = {"speculative_eagle_topk": 1, "speculative_num_steps": 15, "speculative_num_draft_tokens": 16}
 PLAYBOOK_TIMEOUT = 900
 
-if not SMG.exists():  # pragma: no cover - the dev venv always has it
-    pytest.skip("sglang-router (smg) is not installed in %s" % VENV_BIN, allow_module_level=True)
 
 
 # --------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------
+
+def _smg1():
+    """smg 1.x from its own venv, installed on first use (requirements/smg.txt)."""
+    out = subprocess.run([str(REPO / "scripts" / "setup-smg.sh")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, "scripts/setup-smg.sh failed:\n%s" % out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+# name -> (binary, api_version the module must detect, extra router flags)
+ROUTERS = {
+    # smg 1.x streams a request body to the worker unbuffered (chunked) when retries are off and the policy
+    # does not read the body; the simulated server reads only Content-Length bodies (real SGLang reads both),
+    # so the test uses cache_aware, which parses the body and forwards it with a length.
+    "smg-1.13.0": (_smg1, "1", ["--policy", "cache_aware"]),
+    "sglang-router-0.3.2": (lambda: str(VENV_BIN / "smg"), "0.3", ["--policy", "round_robin"]),
+}
+
+
+@pytest.fixture(params=sorted(ROUTERS))
+def router_kind(request):
+    make, api, flags = ROUTERS[request.param]
+    binary = make()
+    assert os.access(binary, os.X_OK), binary
+    return {"name": request.param, "binary": binary, "api": api, "flags": flags}
+
 
 @pytest.fixture
 def servers():
@@ -135,11 +159,10 @@ def start_worker(servers, node_root, port, args, log, api_key=None):
     return proc
 
 
-def start_router(servers, tmp_path, worker_urls=(), api_key=None):
+def start_router(servers, tmp_path, kind, worker_urls=(), api_key=None):
     port, prom = free_port(), free_port()
-    argv = [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port),
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-            "--policy", "round_robin",
+    argv = [kind["binary"], "launch", "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom)] + kind["flags"] + [
             # Health checks stay slow (default 60 s, here 30 s) on purpose: with checks every second the
             # router would stop sending to a draining server on its own within about 2 s, and the test
             # could not tell whether the playbook took the worker out first. The add job does its own
@@ -170,14 +193,16 @@ def router_workers(url, api_key=None):
 
 def all_healthy(url, expected, api_key=None):
     workers = router_workers(url, api_key)
-    return sorted(w["url"] for w in workers if w["is_healthy"]) == sorted(expected)
+    return sorted(w["url"] for w in workers if w["is_healthy"] and w.get("status", "ready") == "ready") == sorted(expected)
 
 
 class Load(object):
     """Bounded open-loop client load through the router: ``rate`` requests
     per second, at most ``max_requests`` and at most ``time_limit`` seconds.
-    Every tenth request asks for 300 tokens (a few seconds), so that the
-    workers being removed still have requests in flight (the drain has work)."""
+    Every tenth request asks for 900 tokens (about 10 s at the simulator's 90
+    tokens/s, longer than smg's 5 s drain settle), so that the workers being
+    removed still have requests in flight when the router lets them go (the
+    server's own drain has work)."""
 
     def __init__(self, url, rate=20.0, max_requests=8000, time_limit=170.0, api_key=None):
         self.url = url + "/generate"
@@ -197,7 +222,7 @@ class Load(object):
         self.duration = None
 
     def _one(self, index):
-        tokens = 300 if index % 10 == 0 else 8
+        tokens = 900 if index % 10 == 0 else 8
         body = {"text": "request %d: say something about GPUs" % index, "sampling_params": {"max_new_tokens": tokens}}
         began = time.monotonic()
         try:
@@ -259,10 +284,10 @@ def host_results(playbook_json, task_name):
 # The rolling redeploy
 # --------------------------------------------------------------------------
 
-def test_rolling_redeploy_behind_router(servers, models, tmp_path):
+def test_rolling_redeploy_behind_router(servers, models, tmp_path, router_kind):
     began = time.monotonic()
     hosts = {}
-    for i in (1, 2, 3):
+    for i in range(1, 4 if router_kind["api"] == "1" else 3):
         name = "node%d" % i
         port = free_port()
         root = init_node(tmp_path / name / "gpusim")
@@ -276,8 +301,8 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
         assert info["speculative_num_draft_tokens"] == 2   # the incident: 16 asked, 2 running
 
     urls = [h["url"] for h in hosts.values()]
-    router, _router_proc = start_router(servers, tmp_path, worker_urls=urls)
-    wait_for(lambda: all_healthy(router, urls), 30, what="all three workers healthy in the router")
+    router, _router_proc = start_router(servers, tmp_path, router_kind, worker_urls=urls)
+    wait_for(lambda: all_healthy(router, urls), 30, what="all workers healthy in the router")
 
     inventory = {"all": {"children": {"gpu-nodes": {"hosts": {}}}, "vars": {
         "sglang_router_url": router,
@@ -357,11 +382,14 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
     drains = host_results(result, "Wait until the old server has no request in flight")
     removals = host_results(result, "Take the worker out of the router")
     figures = {
+        "router": router_kind["name"],
         "load": summary,
         "playbook_s": round(playbook_s, 1),
         "total_s": round(time.monotonic() - began, 1),
         "drain": {h: {"drained_s": r[0].get("drained_s"), "initial_load": r[0].get("initial_load"),
                       "source": r[0].get("load_source")} for h, r in drains.items()},
+        "removal": {h: {"settle_s": r[0].get("settle_s"), "router_load": r[0].get("router_load"),
+                        "ready_peers": r[0].get("ready_peers")} for h, r in removals.items()},
     }
     print("\nrolling redeploy figures: %s" % json.dumps(figures))
     (tmp_path / "figures.json").write_text(json.dumps(figures, indent=1))
@@ -379,7 +407,11 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
     assert sorted(removals) == sorted(hosts)
     for name, res in removals.items():
         assert res[0]["changed"] is True and res[0]["removed"][0]["url"] == hosts[name]["url"], res
-        assert len(res[0]["workers"]) == 2   # the other two kept serving
+        assert res[0]["api_version"] == router_kind["api"]
+        assert len(res[0]["workers"]) == len(hosts) - 1   # the others kept serving
+        assert res[0]["ready_peers"] == len(hosts) - 1
+        if router_kind["api"] == "1":
+            assert res[0]["settle_s"] >= 4.0, res   # smg kept it draining for its settle time
     for name, res in drains.items():
         assert res[0]["load_source"] == "/v1/loads" and res[0]["load"] == 0, res
     # The long requests of the load mean the drain really waited for requests in flight.
@@ -394,10 +426,10 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
         new_pid = int((h["dir"] / "state" / "server.pid").read_text().split()[0])
         assert new_pid != h["old_pid"]
 
-    # 4. The router lists exactly the three workers, all healthy.
+    # 4. The router lists exactly the workers, all Ready.
     workers = router_workers(router)
     assert sorted(w["url"] for w in workers) == sorted(urls)
-    assert all(w["is_healthy"] for w in workers), workers
+    assert all(w["is_healthy"] and w.get("status", "ready") == "ready" for w in workers), workers
 
     # 5. The run report says deployed for every host.
     reports = list((tmp_path / "reports").glob("*-redeploy.json"))
@@ -410,13 +442,13 @@ def test_rolling_redeploy_behind_router(servers, models, tmp_path):
 # The module against the real router
 # --------------------------------------------------------------------------
 
-def test_module_against_real_router(servers, models, tmp_path):
+def test_module_against_real_router(servers, models, tmp_path, router_kind):
     root = init_node(tmp_path / "gpusim", gpus=2)
     port = free_port()
     worker = "http://127.0.0.1:%d" % port
     start_worker(servers, root, port, {"model_path": str(models / "target")}, tmp_path / "worker.log", api_key=WORKER_KEY)
     wait_for(lambda: get(worker + "/health")[0] == 200, 60, what="the worker")
-    router, _router_proc = start_router(servers, tmp_path, api_key=ROUTER_KEY)
+    router, _router_proc = start_router(servers, tmp_path, router_kind, api_key=ROUTER_KEY)
 
     def run(check=False, diff=False, verbosity=0, **params):
         args = dict({"router_url": router, "api_key": ROUTER_KEY, "url": worker + "/", "timeout": 30}, **params)
@@ -425,46 +457,67 @@ def test_module_against_real_router(servers, models, tmp_path):
         assert ROUTER_KEY not in text and WORKER_KEY not in text, "a secret leaked into the output"
         return res
 
-    # Without the worker key: refused before anything is registered.
-    res = run()
-    assert res.failed and "worker_api_key is not set" in res.get("msg", "")
-    assert router_workers(router, ROUTER_KEY) == []
+    wkey = WORKER_KEY
+    if router_kind["api"] == "1":
+        # smg 1.x sends the caller's Authorization header (a keyed router's callers send the router key) to the
+        # worker in place of the worker's key: a server with another key is refused before anything is registered.
+        res = run(worker_api_key=wkey)
+        assert res.failed and "smg 1.x sends the caller's Authorization header" in res.get("msg", ""), res
+        assert router_workers(router, ROUTER_KEY) == []
+        # A server that takes the router's key is fine.
+        port = free_port()
+        worker = "http://127.0.0.1:%d" % port
+        start_worker(servers, init_node(tmp_path / "gpusim2", gpus=2), port, {"model_path": str(models / "target")},
+                     tmp_path / "worker2.log", api_key=ROUTER_KEY)
+        wait_for(lambda: get(worker + "/health")[0] == 200, 60, what="the second worker")
+        wkey = ROUTER_KEY
+    else:
+        # Without the worker key: refused before anything is registered (0.3.2 calls the worker with its own key).
+        res = run()
+        assert res.failed and "worker_api_key is not set" in res.get("msg", "")
+        assert router_workers(router, ROUTER_KEY) == []
 
     # Check mode: reports the change, registers nothing.
-    res = run(check=True, diff=True, worker_api_key=WORKER_KEY)
+    res = run(check=True, diff=True, worker_api_key=wkey)
     assert not res.failed, res
-    assert res["changed"] is True and res["api_version"] == "0.3"
+    assert res["changed"] is True and res["api_version"] == router_kind["api"]
     assert res["workers"] == [worker] and res["worker"] is None
     assert router_workers(router, ROUTER_KEY) == []
 
     # Present: registered under the normalised URL, healthy, and usable through the router.
-    res = run(worker_api_key=WORKER_KEY, verbosity=3)
+    res = run(worker_api_key=wkey, verbosity=3)
     assert not res.failed, res
     assert res["changed"] is True and res["worker"]["url"] == worker and res["worker"]["is_healthy"] is True
     listed = router_workers(router, ROUTER_KEY)
     assert [w["url"] for w in listed] == [worker] and listed[0]["id"] == res["worker"]["id"]
     status, _headers, data = request("POST", router + "/generate", api_key=ROUTER_KEY, timeout=30,
                                      body={"text": "hello", "sampling_params": {"max_new_tokens": 4}})
-    assert status == 200 and "text" in data, (status, data)   # the router used the worker key
+    assert status == 200 and "text" in data, (status, data)   # the worker accepted what the router sent
 
-    res = run(worker_api_key=WORKER_KEY)
+    res = run(worker_api_key=wkey)
     assert not res.failed and res["changed"] is False
 
+    # The only Ready worker is not removed without allow_last (check mode too); nothing changed.
+    for check in (True, False):
+        res = run(state="absent", check=check)
+        assert res.failed and "last Ready worker" in res["msg"] and "allow_last=true" in res["msg"], res
+    assert len(router_workers(router, ROUTER_KEY)) == 1
+
     # Absent, check mode: nothing removed.
-    res = run(state="absent", drain=True, check=True)
+    res = run(state="absent", drain=True, check=True, allow_last=True)
     assert not res.failed and res["changed"] is True and res["drained_s"] is None
     assert len(router_workers(router, ROUTER_KEY)) == 1
 
     # Absent with drain, while requests are in flight on the worker.
     def slow_request():
-        request("POST", worker + "/generate", api_key=WORKER_KEY, timeout=60,
+        request("POST", worker + "/generate", api_key=wkey, timeout=60,
                 body={"text": "long", "sampling_params": {"max_new_tokens": 250}})
     threads = [threading.Thread(target=slow_request) for _thread in range(3)]
     for t in threads:
         t.start()
-    wait_for(lambda: (get(worker + "/v1/loads", WORKER_KEY)[1] or {}).get("loads", [{}])[0].get("num_running_reqs", 0) > 0,
+    wait_for(lambda: (get(worker + "/v1/loads", wkey)[1] or {}).get("loads", [{}])[0].get("num_running_reqs", 0) > 0,
              10, interval=0.02, what="requests in flight")
-    res = run(state="absent", drain=True, worker_api_key=WORKER_KEY, drain_timeout=60)
+    res = run(state="absent", drain=True, worker_api_key=wkey, drain_timeout=60, allow_last=True)
     for t in threads:
         t.join(timeout=60)
     assert not res.failed, res

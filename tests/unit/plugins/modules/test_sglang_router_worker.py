@@ -605,7 +605,9 @@ def test_present_adds_waits_and_is_idempotent(serve, api):
     assert len(posts) == 1
     # The normalised URL is registered, the worker key travels in the body only.
     assert posts[0][2] == {"url": url, "api_key": WORKER_KEY}
-    assert all(c[3] == "Bearer %s" % ROUTER_KEY for c in router.calls)
+    assert all(c[3] == "Bearer %s" % ROUTER_KEY for c in router.calls if c[3] is not None)
+    # smg 1.x only: one keyless GET /workers tells whether the router has a key (then it forwards that key).
+    assert [c[1] for c in router.calls if c[3] is None] == (["/workers"] if api == "1" else [])
     _no_secret(res, ROUTER_KEY, WORKER_KEY)
 
     again = run(args)
@@ -734,6 +736,25 @@ def test_present_refuses_a_worker_that_needs_a_key(serve):
     old = FakeWorker(endpoints=("/get_model_info", "/health"), api_key=WORKER_KEY)
     res = run({"router_url": base, "url": serve(old)}, expect_fail=True)
     assert "/get_model_info" in res["msg"]
+
+
+def test_present_smg1_keyed_router_needs_a_server_that_takes_its_key(serve):
+    router = FakeRouter(api="1", api_key=ROUTER_KEY)
+    base = serve(router)
+    other = FakeWorker(endpoints=("/model_info", "/health"), api_key=WORKER_KEY)
+    res = run({"router_url": base, "api_key": ROUTER_KEY, "url": serve(other), "worker_api_key": WORKER_KEY},
+              expect_fail=True)
+    assert "rejects the router's api_key" in res["msg"] and "smg 1.x sends the caller's Authorization header" in res["msg"]
+    assert not _calls(router, "POST")
+    assert "Bearer %s" % ROUTER_KEY in other.auth_seen and "Bearer %s" % WORKER_KEY not in other.auth_seen
+    _no_secret(res, ROUTER_KEY, WORKER_KEY)
+    same = FakeWorker(endpoints=("/model_info", "/health"), api_key=ROUTER_KEY)
+    res = run({"router_url": base, "api_key": ROUTER_KEY, "url": serve(same), "worker_api_key": WORKER_KEY})
+    assert res["changed"] is True
+    # A keyless smg router passes the worker's own key: the usual check applies.
+    open_router = FakeRouter(api="1")
+    res = run({"router_url": serve(open_router), "api_key": ROUTER_KEY, "url": serve(other)}, expect_fail=True)
+    assert "worker_api_key is not set" in res["msg"]
 
 
 # --------------------------------------------------------------------------
