@@ -42,8 +42,8 @@ def _podman(*args, timeout=300, check=True):
     proc = subprocess.run(["podman"] + [str(a) for a in args], env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
     if check and proc.returncode != 0:
-        raise AssertionError("podman %s: rc %d\n%s\n%s" % (" ".join(map(str, args[:3])), proc.returncode,
-                                                          proc.stdout[-3000:], proc.stderr[-3000:]))
+        what = " ".join(map(str, args[:3]))
+        raise AssertionError("podman %s: rc %d\n%s\n%s" % (what, proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
     return proc
 
 
