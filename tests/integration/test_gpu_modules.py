@@ -24,8 +24,26 @@ def _by_pid(entries):
     return dict((e["pid"], e) for e in entries)
 
 
+# The modules never read GPUSIM_ROOT: like the simulator's inventory (gpufleet_gpu_device_paths), every task
+# names the simulated node's device files through device_paths.
+_NODE = {}
+
+
+@pytest.fixture(autouse=True)
+def _device_paths(sim_node):
+    _NODE["device_paths"] = [os.path.join(sim_node.root, "dev", "nvidia*")]
+    yield
+    _NODE.clear()
+
+
+def _dev(args=None):
+    args = dict(args or {})
+    args.setdefault("device_paths", list(_NODE["device_paths"]))
+    return args
+
+
 def _task(module, args=None, **keywords):
-    task = {"name": "%s %s" % (module.split(".")[-1], json.dumps(args or {})), module: dict(args or {})}
+    task = {"name": "%s %s" % (module.split(".")[-1], json.dumps(args or {})), module: _dev(args)}
     task.update(keywords)
     return task
 
@@ -149,7 +167,7 @@ def test_drain_escalation_forked_children_and_gpu_subsets(sim_node, procs, run_p
 def test_drain_check_mode_signals_nothing_and_reports_the_plan(sim_node, procs, run_module):
     tree = sim_node.spawn_tree(ranks=((0,), (1,)), mib=5000)
 
-    res = run_module("gpu_drain", {"gpus": [0, 1]}, sim_node.env, check=True, diff=True)
+    res = run_module("gpu_drain", _dev({"gpus": [0, 1]}), sim_node.env, check=True, diff=True)
 
     assert not res["failed"], res.get("msg")
     assert res["changed"] is True
@@ -239,7 +257,7 @@ def test_drain_reset_orphaned_waits_for_release_and_respects_preconditions(sim_n
     sim_node.gpusim("orphan", "--gpu", 4, "--mib", 256)
     busy = sim_node.hold([6], 1000, name="busy")
 
-    res = run_module("gpu_drain", {"gpus": [2, 4], "reset_orphaned": True, "release_timeout": 10}, sim_node.env)
+    res = run_module("gpu_drain", _dev({"gpus": [2, 4], "reset_orphaned": True, "release_timeout": 10}), sim_node.env)
 
     assert not res["failed"], res.get("msg")
     assert not procs.alive(slow)
@@ -330,7 +348,7 @@ def test_assert_waits_for_slow_release(sim_node, procs, run_module):
         start = fh.read().rsplit(b")", 1)[1].split()[19].decode()
     procs.spawn([sys.executable, "-c", KILL_ON_FIRST_QUERY, sim_node.root, str(pid), start])
 
-    res = run_module("gpu_memory_assert", {"gpus": [1], "timeout": 60, "sleep": 0.2}, sim_node.env)
+    res = run_module("gpu_memory_assert", _dev({"gpus": [1], "timeout": 60, "sleep": 0.2}), sim_node.env)
 
     assert not procs.alive(pid)
     assert not res["failed"], res.get("msg")

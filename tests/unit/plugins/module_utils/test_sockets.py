@@ -1,8 +1,9 @@
 """Tests for module_utils/sockets.py: /proc/net/tcp(6) parsing on literal kernel text, owners
-from a synthetic /proc tree, and one end-to-end check against a socket this test opens.
+from a synthetic /proc tree, and real loopback sockets this test opens (listeners on IPv4 and
+IPv6, a port held only by TIME_WAIT, waiting for a port to be free).
 
-No process is started here; the listening sockets belong to the test process and are closed
-by the test.
+No process is started here; the sockets belong to the test process, bound to port 0 on
+loopback (the kernel picks a free port), and are closed by the test.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import socket
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
 
 # Literal /proc/net/tcp text (kernel 5.15): port 0x7530 = 30000 listening on 127.0.0.1 (inode
 # 707858), an ESTABLISHED connection to it (01, must be ignored), port 0x07E8 = 2024 listening on
@@ -154,3 +156,100 @@ def test_port_listeners_live_socket_of_this_process(family, address):
         sock.listen(1)
         assert sockets.port_listeners(port) == (True, [os.getpid()])
     assert sockets.port_listeners(port) == (False, [])
+
+
+# ---------------------------------------------------------------------------
+# port_status / wait_ports_free / listening_ports
+# ---------------------------------------------------------------------------
+
+def test_port_status_from_literal_tables(tmp_path):
+    root = _fake_proc(tmp_path, fds={4242: ["socket:[707858]"], 5151: ["socket:[22222]"]})
+    st = sockets.port_status(30000, root)
+    assert st["listening"] and not st["free"] and not st["only_lingering"]
+    assert [(e["pid"], e["family"]) for e in st["listeners"]] == [(4242, "ipv4")]
+    assert st["lingering"] == {"ESTABLISHED": 1}                 # the accepted connection on port 30000
+    assert "listened on by PID 4242" in st["summary"]
+    v6 = sockets.port_status(30001, root)
+    assert [(e["pid"], e["family"]) for e in v6["listeners"]] == [(5151, "ipv6")]
+    unreadable = sockets.port_status(8080, root)                 # nobody's fds show the inode
+    assert unreadable["listeners"][0]["pid"] is None and "unreadable process" in unreadable["summary"]
+    assert sockets.port_status(50000, root)["free"]
+    tw = sockets.port_status(40000, root)                        # only a TIME_WAIT socket uses it
+    assert tw["only_lingering"] and tw["lingering"] == {"TIME_WAIT": 1} and "TIME_WAIT" in tw["summary"]
+
+
+def _listen(family=socket.AF_INET, host="127.0.0.1"):
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(4)
+    return sock
+
+
+def test_port_status_of_real_loopback_sockets():
+    v4 = _listen()
+    port = v4.getsockname()[1]
+    try:
+        st = sockets.port_status(port)
+        assert [(e["pid"], e["family"]) for e in st["listeners"]] == [(os.getpid(), "ipv4")]
+        assert st["listeners"][0]["name"] and st["listeners"][0]["user"]
+        assert port in sockets.listening_ports(os.getpid())
+    finally:
+        v4.close()
+    assert sockets.port_status(port)["listening"] is False
+    if socket.has_ipv6:
+        try:
+            v6 = _listen(socket.AF_INET6, "::1")
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        try:
+            st = sockets.port_status(v6.getsockname()[1])
+            assert [(e["pid"], e["family"]) for e in st["listeners"]] == [(os.getpid(), "ipv6")]
+        finally:
+            v6.close()
+
+
+def test_a_port_held_only_by_time_wait_after_the_server_closed():
+    server = _listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    conn, dummy = server.accept()
+    conn.close()                     # the server side closes first: its end (local port = `port`) enters TIME_WAIT
+    client.recv(1)
+    client.close()
+    server.close()
+    # The last ACK of the close crosses loopback asynchronously: FIN_WAIT2 becomes TIME_WAIT a moment later.
+    seen = wait.wait_for(lambda: sockets.port_status(port)["lingering"].get("TIME_WAIT"), timeout=10, interval=0.02)
+    assert seen.ok
+    st = sockets.port_status(port)
+    assert not st["listening"] and st["only_lingering"] and st["lingering"]["TIME_WAIT"] >= 1
+    assert "held only by sockets that are not listening" in st["summary"]
+    ok, busy = sockets.wait_ports_free([port], timeout=0)
+    assert not ok and busy[0]["port"] == port and busy[0]["only_lingering"]
+    assert sockets.wait_ports_free([port], timeout=0, allow_lingering=True) == (True, [])
+
+
+def test_wait_ports_free_sees_the_listener_go_away():
+    import threading
+
+    sock = _listen()
+    port = sock.getsockname()[1]
+    timer = threading.Timer(0.3, sock.close)
+    timer.start()
+    try:
+        ok, busy = sockets.wait_ports_free([port, port], timeout=30, interval=0.05)
+    finally:
+        timer.cancel()
+        sock.close()
+    assert ok and busy == []
+
+
+def test_wait_ports_free_names_the_holder_when_it_times_out():
+    sock = _listen()
+    port = sock.getsockname()[1]
+    try:
+        ok, busy = sockets.wait_ports_free([port], timeout=0.1, interval=0.05)
+    finally:
+        sock.close()
+    assert not ok and busy[0]["listeners"][0]["pid"] == os.getpid()
+    assert ("listened on by PID %d" % os.getpid()) in busy[0]["summary"]

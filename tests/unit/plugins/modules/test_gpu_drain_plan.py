@@ -1,10 +1,11 @@
-"""Root selection and drain planning of gpu_drain, as pure functions over synthetic process tables."""
+"""Root selection and drain planning (module_utils/drain_plan.py), as pure functions over synthetic process tables."""
 from __future__ import annotations
 
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.modules import gpu_drain as gd
+from ansible_collections.gpufleet.sglang.plugins.module_utils import drain
+from ansible_collections.gpufleet.sglang.plugins.module_utils import drain_plan as gd
 
 SVC = "/system.slice/sglang-main.service"
 ANSIBLE_CHAIN = (9000, 8999, 8998)      # the module, its AnsiballZ wrapper, ansible-playbook
@@ -343,7 +344,83 @@ def test_is_supervisor_and_ansible_detection():
 
 
 def test_holder_lines_for_diff():
-    text = gd._holder_lines([{"pid": 5, "name": "x", "gpus": [0, 1], "used_mib": None},
+    text = drain.holder_lines([{"pid": 5, "name": "x", "gpus": [0, 1], "used_mib": None},
                              {"pid": 4, "name": None, "gpus": [2], "used_mib": 10}])
     assert text == "PID 4 ? on GPU 2: 10 MiB\nPID 5 x on GPU 0,1: ?\n"
-    assert gd._holder_lines([]) == ""
+    assert drain.holder_lines([]) == ""
+
+
+# ---------------------------------------------------------------------------
+# Holders that left the tree (issue 14 section 3): session, process group, cgroup
+# ---------------------------------------------------------------------------
+
+def test_reparented_scheduler_of_a_live_server_leads_to_the_server():
+    # The scheduler's parent (a spawner process) died; it was reparented to PID 1 while the server runs.
+    t = table(P(2000, 1, "python3", ["python3", "-m", "sglang.launch_server"]),
+              P(2001, 1, "sglang::schedul", ["sglang::scheduler_TP0"], pgid=2000, sid=2000),
+              P(2003, 1, "sglang::detoken", ["sglang::detokenizer"], pgid=2000, sid=2000),
+              P(3000, 1, "python3", ["python3", "other.py"]))
+    plan = gd.plan_drain(t, holders(H(2001)), ctx())
+    assert plan["roots"] == [2000]
+    assert plan["targets"][2000]["how"] == "process-group leader of holder 2001 (which left its tree)"
+    assert plan["targets"][2001]["role"] == "holder" and plan["targets"][2001]["first"] is True
+    # The detokenizer holds no GPU memory and is not a descendant: it is in the server's session all the same.
+    assert plan["targets"][2003]["role"] == "member" and plan["targets"][2003]["first"] is True
+    assert "session of root 2000" in plan["targets"][2003]["how"]
+    assert 3000 not in plan["targets"] and 1 not in plan["targets"]
+
+
+def test_members_of_a_dead_server_are_taken_with_its_holders():
+    # The server (2000) was SIGKILLed before the redeploy: its schedulers and detokenizer live on under PID 1.
+    t = table(P(2001, 1, "sglang::schedul", ["sglang::scheduler_TP0"], pgid=2000, sid=2000),
+              P(2002, 1, "sglang::schedul", ["sglang::scheduler_TP1"], pgid=2000, sid=2000),
+              P(2003, 1, "sglang::detoken", ["sglang::detokenizer"], pgid=2000, sid=2000),
+              P(3000, 1, "python3", ["python3", "decoy.py"]))
+    plan = gd.plan_drain(t, holders(H(2001, [0]), H(2002, [1])), ctx())
+    assert plan["roots"] == [2001, 2002]
+    member = plan["targets"][2003]
+    assert member["role"] == "member" and member["first"] is True and member["gpus"] == []
+    assert member["how"] == "in the process group of dead leader 2000, like holder 2001"
+    assert 3000 not in plan["targets"]
+
+
+def test_a_dead_login_shells_other_jobs_are_never_taken():
+    # nohup'd from an ssh shell (session 1500, now dead): the server's job is group 2000; another job is group 2500.
+    t = table(P(2001, 1, "sglang::schedul", ["sglang::scheduler_TP0"], pgid=2000, sid=1500),
+              P(2003, 1, "sglang::detoken", ["sglang::detokenizer"], pgid=2000, sid=1500),
+              P(2500, 1, "python3", ["python3", "train.py"], pgid=2500, sid=1500))
+    plan = gd.plan_drain(t, holders(H(2001)), ctx())
+    assert plan["roots"] == [2001]
+    assert plan["targets"][2003]["role"] == "member"
+    assert 2500 not in plan["targets"]
+
+
+def test_cgroup_members_of_a_service_are_taken_and_shells_in_a_session_are_refused():
+    t = table(*sglang_tree(main_sid=2000, main_pgid=2000, unit="sglang-main.service"))
+    t[2010] = P(2010, 1, "python3", ["python3", "helper.py"], pgid=2010, sid=2010, unit="sglang-main.service")
+    t[2011] = P(2011, 1, "sh", ["/bin/sh", "-c", "sleep 100"], pgid=2000, sid=2000)
+    plan = gd.plan_drain(t, holders(H(2001)), ctx(unit_main_pids={"sglang-main.service": 2000},
+                                                   unit_cgroups={"sglang-main.service": SVC}))
+    assert plan["roots"] == [2000]
+    assert plan["targets"][2010]["role"] == "member" and "cgroup of sglang-main.service" in plan["targets"][2010]["how"]
+    assert 2011 not in plan["targets"] and "shell" in reasons(plan)[2011]
+
+
+def test_a_root_that_leads_neither_session_nor_group_has_no_members():
+    # Started by a shell without job control: the shell's session and group are not the server's.
+    t = table(P(1500, 1, "bash", ["-bash"], sid=1500, pgid=1500),
+              P(2000, 1500, "python3", ["python3", "-m", "sglang.launch_server"], pgid=1500, sid=1500),
+              P(2001, 2000, "sglang::schedul", ["sglang::scheduler_TP0"], pgid=1500, sid=1500),
+              P(2600, 1, "vim", ["vim"], pgid=1500, sid=1500))
+    plan = gd.plan_drain(t, holders(H(2001)), ctx())
+    assert 2600 not in plan["targets"] and 1500 not in plan["targets"]
+
+
+def test_unexpected_holders_against_expected_pids():
+    t = table(*sglang_tree(main_sid=2000, main_pgid=2000))
+    t[2101] = P(2101, 1, "sglang::schedul", ["sglang::scheduler_TP1"], pgid=2000, sid=2000)   # reparented
+    t[5000] = P(5000, 1, "python3", ["python3", "-m", "sglang.launch_server", "--port", "31000"])
+    plan = gd.plan_drain(t, holders(H(2001), H(2101, [1]), H(5000, [2])), ctx())
+    assert gd.unexpected(plan, t, [2000]) == [5000]
+    assert gd.unexpected(plan, t, []) == []
+    assert gd.unexpected(plan, t, [2000, 5000]) == []

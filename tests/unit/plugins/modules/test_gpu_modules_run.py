@@ -3,6 +3,8 @@
 The only processes started are simulator ones (``gpusim hold``); each is
 recorded by PID and start time and SIGKILLed by PID at teardown. The module
 runs ``nvidia-smi`` through ``AnsibleModule.run_command``, as on a target.
+The modules never read ``GPUSIM_ROOT``: ``run()`` passes the simulated node's
+device directory as ``device_paths``, as the simulator's inventory does.
 """
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import os
 import pathlib
 import signal
 import subprocess
-import types
 
 import pytest
 
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils import drain
 from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
 from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
 from ansible_collections.gpufleet.sglang.plugins.modules import gpu_drain
 from ansible_collections.gpufleet.sglang.plugins.modules import gpu_memory_assert as gma
@@ -81,6 +84,8 @@ def sim(tmp_path, monkeypatch):
 def run(module, args, capsys, check=False, diff=False):
     """Run ``module.main()`` with ``args``; returns the parsed result (with ``failed``)."""
     args = dict(args)
+    if os.environ.get("GPUSIM_ROOT"):
+        args.setdefault("device_paths", [os.path.join(os.environ["GPUSIM_ROOT"], "dev", "nvidia*")])
     if check:
         args["_ansible_check_mode"] = True
     if diff:
@@ -118,18 +123,20 @@ def test_drain_other_signals_and_exclude_option(sim, capsys):
     assert [h["pid"] for h in res["remaining"]] == [keeper]
 
 
-def test_drain_device_paths_option(sim, capsys, monkeypatch):
+def test_drain_device_paths_option(sim, capsys):
     pid = sim.hold([3], 1000, "--name", "mine")
-    # GPUSIM_ROOT adds $GPUSIM_ROOT/dev/nvidia* on its own, so the holder is recognised.
-    res = run(gpu_drain, {"gpus": [3], "device_paths": ["/nonexistent/nvidia*"]}, capsys, check=True)
+    # The simulated node's device files are recognised through the option only (GPUSIM_ROOT is set here too).
+    res = run(gpu_drain, {"gpus": [3], "device_paths": [sim.root + "/dev/nvidia*"]}, capsys, check=True)
     assert [e["pid"] for e in res["signalled"]] == [pid]
     # Without any pattern that matches its descriptors, the listed PID looks like another
     # namespace's process that happens to share the number: never signalled.
-    monkeypatch.setattr(gpu_drain, "_device_patterns", lambda params, env: ["/nonexistent/nvidia*"])
-    res = run(gpu_drain, {"gpus": [3]}, capsys)
-    assert res["signalled"] == [] and res["changed"] is False
-    assert "no GPU device file open" in res["not_signalled"][0]["reason"]
+    for paths in (["/nonexistent/nvidia*"], ["/dev/nvidia*"]):
+        res = run(gpu_drain, {"gpus": [3], "device_paths": paths}, capsys)
+        assert res["signalled"] == [] and res["changed"] is False
+        assert "no GPU device file open" in res["not_signalled"][0]["reason"]
     assert sim.alive(pid)
+    res = run(gpu_drain, {"device_paths": ["dev/nvidia*"]}, capsys)
+    assert res["failed"] and "device_paths: 'dev/nvidia*' is not an absolute path pattern" in res["msg"]
 
 
 def test_drain_survivor_fails_with_pid_state_and_gpus(sim, capsys, monkeypatch):
@@ -213,21 +220,24 @@ def test_drain_without_nvidia_smi_on_path(sim, capsys, monkeypatch):
     assert res["failed"] and "nvidia-smi was not found" in res["msg"]
 
 
-def test_unit_main_pids_uses_systemctl_only_when_systemd_runs(monkeypatch):
+def test_unit_info_uses_systemctl_only_when_systemd_runs(monkeypatch):
     calls = []
-    module = types.SimpleNamespace(
-        params={}, get_bin_path=lambda name: "/bin/systemctl",
-        run_command=lambda argv, environ_update=None: calls.append(argv) or (0, "2000\n", ""))
-    drain = gpu_drain.Drain.__new__(gpu_drain.Drain)
-    drain.module = module
+
+    def runner(argv, timeout):
+        calls.append((argv, timeout))
+        return 0, "MainPID=2000\nControlGroup=/system.slice/sglang-main.service\n", ""
+
+    engine = drain._Drain(drain.defaults(), runner, False, None, which=lambda name: "/bin/systemctl")
     t = {5: procfs.ProcInfo(5, unit="sglang-main.service", unit_manager="system"),
          6: procfs.ProcInfo(6, unit="app.service", unit_manager="user"),
          7: procfs.ProcInfo(7)}
-    monkeypatch.setattr(gpu_drain, "_systemd_running", lambda: False)
-    assert drain.unit_main_pids(t, [5, 6, 7]) == {}
-    monkeypatch.setattr(gpu_drain, "_systemd_running", lambda: True)
-    assert drain.unit_main_pids(t, [5, 6, 7, 99]) == {"sglang-main.service": 2000}
-    assert calls == [["/bin/systemctl", "show", "-p", "MainPID", "--value", "sglang-main.service"]]
+    monkeypatch.setattr(drain.systemd, "running", lambda: False)
+    assert engine.unit_info(t, [5, 6, 7]) == ({}, {})
+    monkeypatch.setattr(drain.systemd, "running", lambda: True)
+    assert engine.unit_info(t, [5, 6, 7, 99]) == ({"sglang-main.service": 2000},
+                                                  {"sglang-main.service": "/system.slice/sglang-main.service"})
+    assert calls == [(["/bin/systemctl", "show", "--property=MainPID,ControlGroup", "--", "sglang-main.service"],
+                      drain.SYSTEMCTL_TIMEOUT_S)]
 
 
 # ---------------------------------------------------------------------------
@@ -332,16 +342,16 @@ def gpu(**kw):
 
 
 def test_judge():
-    assert gma.judge(gpu(), FREE) == []
-    assert gma.judge(gpu(used_mib=17), FREE) == ["used"]
-    assert gma.judge(gpu(used_mib=None), FREE) == ["unknown"]
-    assert gma.judge(gpu(processes=[{"pid": 1}]), FREE) == ["processes"]
-    assert gma.judge(gpu(processes=[{"pid": 1}]), dict(FREE, require_no_processes=False)) == []
-    assert gma.judge(gpu(unknown_fields={"processes": "[Unknown Error]"}), FREE) == ["unknown"]
-    assert gma.judge(gpu(lost=True), FREE) == ["lost"]
+    assert gpu_verify.judge(gpu(), FREE) == []
+    assert gpu_verify.judge(gpu(used_mib=17), FREE) == ["used"]
+    assert gpu_verify.judge(gpu(used_mib=None), FREE) == ["unknown"]
+    assert gpu_verify.judge(gpu(processes=[{"pid": 1}]), FREE) == ["processes"]
+    assert gpu_verify.judge(gpu(processes=[{"pid": 1}]), dict(FREE, require_no_processes=False)) == []
+    assert gpu_verify.judge(gpu(unknown_fields={"processes": "[Unknown Error]"}), FREE) == ["unknown"]
+    assert gpu_verify.judge(gpu(lost=True), FREE) == ["lost"]
     alloc = dict(FREE, state="allocated", min_used_mib=100, require_processes=True)
-    assert gma.judge(gpu(used_mib=100, processes=[{"pid": 1}]), alloc) == []
-    assert gma.judge(gpu(used_mib=None), alloc) == ["unknown", "no_processes"]
+    assert gpu_verify.judge(gpu(used_mib=100, processes=[{"pid": 1}]), alloc) == []
+    assert gpu_verify.judge(gpu(used_mib=None), alloc) == ["unknown", "no_processes"]
 
 
 def test_diagnose_d_state_and_zombie(monkeypatch):
@@ -350,8 +360,8 @@ def test_diagnose_d_state_and_zombie(monkeypatch):
                                                                             "--api-key", "k"]),
         12: procfs.ProcInfo(12, ppid=99, state="Z", comm="python3", cmdline=[]),
     }
-    monkeypatch.setattr(gma.procfs, "read_proc", lambda pid, root, with_cgroup=True: infos.get(pid))
-    entry = gma.diagnose(gpu(used_mib=9000, processes=[{"pid": 11, "used_mib": 8000, "name": "python3"},
+    monkeypatch.setattr(gpu_verify.procfs, "read_proc", lambda pid, root, with_cgroup=True: infos.get(pid))
+    entry = gpu_verify.diagnose(gpu(used_mib=9000, processes=[{"pid": 11, "used_mib": 8000, "name": "python3"},
                                                        {"pid": 12, "used_mib": 1000, "name": "python3"}]),
                          ["used", "processes"], FREE, 120)
     assert entry["kind"] == "held"
@@ -362,28 +372,28 @@ def test_diagnose_d_state_and_zombie(monkeypatch):
 
 
 def test_diagnose_other_kinds():
-    lost = gma.diagnose(gpu(index=None, lost=True, lost_reason="did not answer"), ["lost"], FREE, 5)
+    lost = gpu_verify.diagnose(gpu(index=None, lost=True, lost_reason="did not answer"), ["lost"], FREE, 5)
     assert lost["summary"] == "GPU 00000000:18:00.0 is lost: did not answer"
-    kept = gma.diagnose(gpu(used_mib=700), ["used"], FREE, 2.5, device_users={77: "python3"})
+    kept = gpu_verify.diagnose(gpu(used_mib=700), ["used"], FREE, 2.5, device_users={77: "python3"})
     assert kept["summary"] == "GPU 0: 700 MiB held by no listed process after 2.5 s; PID 77 (python3) keep its device file open"
-    unknown = gma.diagnose(gpu(unknown_fields={"processes": "[Unknown Error]"}), ["unknown"], FREE, 1)
+    unknown = gpu_verify.diagnose(gpu(unknown_fields={"processes": "[Unknown Error]"}), ["unknown"], FREE, 1)
     assert unknown["summary"] == "GPU 0: the process list is unknown ([Unknown Error]) after 1 s"
-    unknown_used = gma.diagnose(gpu(used_mib=None, unknown_fields={"memory.used": "[N/A]"},
+    unknown_used = gpu_verify.diagnose(gpu(used_mib=None, unknown_fields={"memory.used": "[N/A]"},
                                     processes=[{"pid": None, "name": "x"}]), ["unknown"], FREE, 1)
     assert "used memory is unknown ([N/A])" in unknown_used["summary"]
     assert "a process without PID (x)" in unknown_used["summary"]
-    alloc = gma.diagnose(gpu(used_mib=None, unknown_fields={"memory.used": "[N/A]"}), ["unknown"],
+    alloc = gpu_verify.diagnose(gpu(used_mib=None, unknown_fields={"memory.used": "[N/A]"}), ["unknown"],
                          dict(FREE, state="allocated", min_used_mib=10), 3)
     assert alloc["kind"] == "unknown" and "memory.used is unknown ([N/A])" in alloc["summary"]
 
 
 def test_device_users_skips_daemons_and_listed(monkeypatch):
-    monkeypatch.setattr(gma.procfs, "list_pids", lambda: [10, 11, 12, os.getpid()])
-    monkeypatch.setattr(gma.procfs, "device_fds", lambda pid, paths: ["/dev/nvidia3"])
-    monkeypatch.setattr(gma.procfs, "read_comm", lambda pid: {10: "nvidia-persiste", 11: "python3", 12: "x"}[pid])
-    monkeypatch.setattr(gma.procfs, "read_cmdline",
+    monkeypatch.setattr(gpu_verify.procfs, "list_pids", lambda: [10, 11, 12, os.getpid()])
+    monkeypatch.setattr(gpu_verify.procfs, "device_fds", lambda pid, paths: ["/dev/nvidia3"])
+    monkeypatch.setattr(gpu_verify.procfs, "read_comm", lambda pid: {10: "nvidia-persiste", 11: "python3", 12: "x"}[pid])
+    monkeypatch.setattr(gpu_verify.procfs, "read_cmdline",
                         lambda pid: {10: ["/usr/bin/nvidia-persistenced"], 11: ["python3"], 12: []}[pid])
-    assert gma.device_users(3, ["/dev/nvidia*"], {12}) == {11: "python3"}
+    assert gpu_verify.device_users(3, ["/dev/nvidia*"], {12}) == {11: "python3"}
 
 
 @pytest.mark.parametrize("module", [gpu_drain, gma], ids=["gpu_drain", "gpu_memory_assert"])
