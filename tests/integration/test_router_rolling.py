@@ -274,7 +274,8 @@ def host_results(playbook_json, task_name):
     out = {}
     for play in playbook_json.get("plays", []):
         for task in play.get("tasks", []):
-            if task["task"]["name"] == task_name:
+            # A task of a role is named "<role> : <task>".
+            if task["task"]["name"] == task_name or task["task"]["name"].endswith(" : " + task_name):
                 for host, res in task["hosts"].items():
                     out.setdefault(host, []).append(res)
     return out
