@@ -39,7 +39,7 @@ options:
   requests:
     description:
       - Number of requests. Use 150 or more to catch the hang after a relaunch that follows a SIGKILL
-        (sglang issue 22779: a healthy C(/health), then no answer after about 80 to 140 requests).
+        (sglang issue 22779, a healthy C(/health) and then no answer after about 80 to 140 requests).
     type: int
     default: 8
   concurrency:
@@ -167,14 +167,17 @@ hang:
   description: The first request that did not answer within O(request_timeout), or V(null).
   returned: always
   type: dict
-  sample: {"request": 97, "of": 150, "timeout": 30.0, "answered": 96}
+  sample: {"request": 97, "of": 150, "timeout": 30.0, "answered": 96, "hung": 8}
 requests:
-  description:
-    - Requests sent, succeeded and failed (C(hung) of them did not answer in time), and those never sent (after
-      a hang or when the budget ran out).
+  description: Requests sent, succeeded and failed (failed includes those that hung, see RV(hang)).
   returned: always
   type: dict
-  sample: {"sent": 8, "ok": 8, "failed": 0, "not_sent": 0, "hung": 0}
+  sample: {"sent": 8, "ok": 8, "failed": 0}
+requests_not_sent:
+  description: Requests never sent, after a hang or because the budget ran out.
+  returned: always
+  type: int
+  sample: 0
 budget_exhausted:
   description: Whether O(timeout) ran out before every request was sent.
   returned: always
@@ -359,7 +362,7 @@ def summarise(results, errors, elapsed, sent, server_accept, window=None, hangs=
     hang = None
     if hangs:
         first = min(hangs)
-        hang = dict(request=first, of=total, answered=len(results), timeout=request_timeout)
+        hang = dict(request=first, of=total, answered=len(results), timeout=request_timeout, hung=len(hangs))
     not_sent = max(0, total - sent)
     if budget_out or (not_sent and not hangs):
         budget_out = True
@@ -374,8 +377,8 @@ def summarise(results, errors, elapsed, sent, server_accept, window=None, hangs=
         meta_accept_length=meta_accept,
         server_accept_length=server_accept,
         hang=hang,
-        requests=dict(sent=sent, ok=len(results), failed=sent - len(results), not_sent=not_sent,
-                      hung=len(hangs)),
+        requests=dict(sent=sent, ok=len(results), failed=sent - len(results)),
+        requests_not_sent=not_sent,
         budget_exhausted=bool(budget_out),
         completion_tokens=tokens,
         latency_s=dict(p50=round(latencies[len(latencies) // 2], 3) if latencies else None,
@@ -405,13 +408,15 @@ def gate(summary, min_tps, min_accept, source="auto", request_timeout=None):
         problems.append("request %d of %d did not answer within %s s (%d answered before the run stopped)" % (
             hang["request"], hang["of"], _seconds(limit), hang["answered"]))
     req = summary["requests"]
-    if req["failed"] - req.get("hung", 0) > 0:
+    hung = hang["hung"] if hang else 0
+    if req["failed"] - hung > 0:
         problems.append("%d of %d requests failed (%s)" % (
-            req["failed"] - req.get("hung", 0), req["sent"],
+            req["failed"] - hung, req["sent"],
             "; ".join([e for e in summary["errors"] if not hang or "timeout" not in e][:2] or summary["errors"][:2])))
-    if summary.get("budget_exhausted") and req["not_sent"]:
+    not_sent = summary.get("requests_not_sent") or 0
+    if summary.get("budget_exhausted") and not_sent:
         problems.append("the run's budget (timeout) ran out: %d of %d requests were not sent" % (
-            req["not_sent"], req["sent"] + req["not_sent"]))
+            not_sent, req["sent"] + not_sent))
     if min_tps > 0 and summary["tokens_per_s"] < min_tps:
         problems.append("throughput %s tok/s is below min_tokens_per_s %s" % _pair(summary["tokens_per_s"], min_tps, 1))
     if min_accept > 0:

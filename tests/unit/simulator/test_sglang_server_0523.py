@@ -213,7 +213,7 @@ class TestHangAfterUncleanStop:
         assert res["hang"]["request"] == 6 and res["hang"]["answered"] == 5
         assert res["msg"].startswith("Smoke gate failed: request 6 of 12 did not answer within 1 s "
                                      "(5 answered before the run stopped)")
-        assert res["requests"]["not_sent"] == 12 - res["requests"]["sent"]
+        assert res["requests_not_sent"] == 12 - res["requests"]["sent"]
 
     def test_clean_stop_then_relaunch_does_not_hang(self, start, node):
         port = free_port()

@@ -184,9 +184,9 @@ def test_summarise_accept_length_from_meta_info():
     assert s["server_accept_length"] == 1.7
     assert s["tokens_per_s"] == 192.0
     assert s["completion_tokens"] == 384
-    assert s["requests"] == {"sent": 3, "ok": 3, "failed": 0, "not_sent": 0, "hung": 0}
+    assert s["requests"] == {"sent": 3, "ok": 3, "failed": 0}
     assert s["accept_length_source"] == "meta" and s["metrics_accept_length"] is None
-    assert s["hang"] is None and s["budget_exhausted"] is False
+    assert s["hang"] is None and s["budget_exhausted"] is False and s["requests_not_sent"] == 0
     assert s["latency_s"] == {"p50": 0.4, "max": 0.5}
     assert s["elapsed"] == 2.0 and s["errors"] == []
 
@@ -210,7 +210,7 @@ def test_summarise_falls_back_to_server_info_and_handles_no_results():
     none = sglang_smoke.summarise([], ["request 1: HTTP 503 x", "request 1: HTTP 503 x", "b"], 0.0, 2, None)
     assert none["accept_length"] is None and none["tokens_per_s"] == 0.0
     assert none["latency_s"] == {"p50": None, "max": None}
-    assert none["requests"] == {"sent": 2, "ok": 0, "failed": 2, "not_sent": 0, "hung": 0}
+    assert none["requests"] == {"sent": 2, "ok": 0, "failed": 2}
     assert none["errors"] == ["b", "request 1: HTTP 503 x"]  # distinct, sorted
     many = sglang_smoke.summarise([], ["e%d" % i for i in range(9)], 1.0, 9, None)
     assert len(many["errors"]) == 5
@@ -250,7 +250,7 @@ def test_run_passes_gates_and_sends_what_sglang_expects(server, run):
     res = run({"url": server.url + "/", "requests": 4, "concurrency": 2, "max_new_tokens": 64, "prompt": "Hi",
                "min_accept_length": 2.5, "min_tokens_per_s": 1})
     assert res["failed"] is False and res["changed"] is False, res
-    assert res["requests"] == {"sent": 4, "ok": 4, "failed": 0, "not_sent": 0, "hung": 0}
+    assert res["requests"] == {"sent": 4, "ok": 4, "failed": 0}
     assert res["completion_tokens"] == 256
     assert res["meta_accept_length"] == res["accept_length"] == round(64 / 22.0, 3)
     assert res["server_accept_length"] == 2.95
@@ -336,7 +336,7 @@ def test_failed_requests_fail_the_gate(server, run):
     server.generate = generate
     res = run({"url": server.url, "requests": 4, "concurrency": 1})
     assert res["failed"] is True
-    assert res["requests"] == {"sent": 4, "ok": 2, "failed": 2, "not_sent": 0, "hung": 0}
+    assert res["requests"] == {"sent": 4, "ok": 2, "failed": 2}
     assert res["msg"].startswith("Smoke gate failed: 2 of 4 requests failed (request ")
     assert "HTTP 503" in res["msg"] and "shutting down" in res["msg"]
     assert res["completion_tokens"] == 128
@@ -354,7 +354,7 @@ def test_nothing_listening(run):
         port = sock.getsockname()[1]
     res = run({"url": "http://127.0.0.1:%d" % port, "requests": 2, "concurrency": 4, "timeout": 5})
     assert res["failed"] is True
-    assert res["requests"] == {"sent": 2, "ok": 0, "failed": 2, "not_sent": 0, "hung": 0}
+    assert res["requests"] == {"sent": 2, "ok": 0, "failed": 2}
     assert "refused" in res["msg"]
     assert res["tokens_per_s"] == 0.0 and res["server_accept_length"] is None
 
@@ -364,7 +364,7 @@ def test_run_timeout_leaves_requests_unsent(server, run):
     began = time.monotonic()
     res = run({"url": server.url, "requests": 3, "concurrency": 1, "timeout": 0.3})
     assert res["failed"] is True
-    assert res["requests"] == {"sent": 1, "ok": 0, "failed": 1, "not_sent": 2, "hung": 0}
+    assert res["requests"] == {"sent": 1, "ok": 0, "failed": 1} and res["requests_not_sent"] == 2
     assert res["budget_exhausted"] is True and res["hang"] is None   # cut by the budget, not a hang
     assert any("timeout" in e for e in res["errors"]), res["errors"]
     assert "the run's budget (timeout) ran out: 2 of 3 requests were not sent" in res["msg"]
@@ -401,10 +401,10 @@ def test_first_hang_names_its_request_and_stops_sending(server, run):
     began = time.monotonic()
     res = run({"url": server.url, "requests": 10, "concurrency": 2, "request_timeout": 0.5, "timeout": 60})
     assert res["failed"] is True
-    assert res["hang"] == {"request": 4, "of": 10, "answered": 3, "timeout": 0.5}
+    assert res["hang"] == {"request": 4, "of": 10, "answered": 3, "timeout": 0.5, "hung": 2}
     assert res["msg"] == ("Smoke gate failed: request 4 of 10 did not answer within 0.5 s "
                           "(3 answered before the run stopped)")
-    assert res["requests"] == {"sent": 5, "ok": 3, "failed": 2, "not_sent": 5, "hung": 2}
+    assert res["requests"] == {"sent": 5, "ok": 3, "failed": 2} and res["requests_not_sent"] == 5
     assert len(server.paths("POST")) == 5                      # nothing sent after the hang
     assert time.monotonic() - began < 20
 

@@ -128,6 +128,17 @@ class Engine:
         self._chan_lock = threading.Lock()
         self._chan_seq = 0
 
+    def free_gib(self) -> float:
+        """Free memory of the first visible GPU in GiB (for log lines)."""
+        try:
+            first = self.visible[0]
+            for g in self.node.gpus():
+                if g["index"] == first:
+                    return g["free_mib"] / 1024.0
+        except Exception:
+            pass
+        return 0.0
+
     def disagg_mode(self) -> str:
         return self.pd.mode if self.pd is not None else "null"
 

@@ -220,7 +220,7 @@ class WeightState:
 
     def _load(self, model_path, load_format):
         eng, sk = self.engine, self.engine.sk
-        logger.info("Update engine weights online from disk begin. avail mem=%.2f GB", 0.0)
+        logger.info("Update engine weights online from disk begin. avail mem=%.2f GB", eng.free_gib())
         try:
             files = weight_files(model_path, load_format)
         except WeightsError as e:
