@@ -284,3 +284,16 @@ def test_scan_log_only_the_versions_lines():
 
 def test_scan_log_nothing():
     assert compare.scan_log("", V) == [] and compare.scan_log("all good\n", V) == []
+
+
+# ===========================================================================
+# BUGS FOUND (tests below fail until the lead's fix; see H6's report)
+# ===========================================================================
+
+@pytest.mark.parametrize("value", ["C:\\0dir", "group \\0 of a regex", "\\\\0"])
+def test_read_config_yaml_backslash_then_zero(tmp_path, value):
+    # _yaml_unquote turns every "\0" of the quoted body into "\u0000" before json.loads, also
+    # when the backslash is the second half of an escaped backslash ("\\0" for a literal "\0").
+    path, text = _write(tmp_path, {"served_model_name": value})
+    assert yaml.safe_load(text) == {"served-model-name": value}
+    assert compare.read_config_yaml(path) == {"served-model-name": value}

@@ -222,3 +222,17 @@ def test_describe(frozen):
 def test_describe_future_time_is_not_negative(frozen):
     line = journal.describe({"run_id": "r", "step": journal.PLANNED, "at": frozen + 3600})
     assert " 0 s ago" in line
+
+
+# ===========================================================================
+# BUGS FOUND (tests below fail until the lead's fix; see H6's report)
+# ===========================================================================
+
+def test_record_over_a_corrupt_journal_says_it_replaced_one(jp):
+    # record() sets entry = {"replaced_corrupt": ...} for a corrupt journal, but the new-run reset
+    # right after it drops that marker, so the node's record never says its journal was corrupt.
+    with open(jp, "w", encoding="utf-8") as fh:
+        fh.write("garbage")
+    entry = journal.record(jp, "run-1", journal.PLANNED, now=T0)
+    assert "replaced_corrupt" in entry and jp in entry["replaced_corrupt"]
+    assert on_disk(jp)["replaced_corrupt"] == entry["replaced_corrupt"]

@@ -744,3 +744,79 @@ def test_describe_names_run_controller_user():
     text = lease.describe(record("run-x", ctl))
     assert "run-x" in text and "ctl-07" in text and "4321" in text and "carol" in text
     assert "unknown" in lease.describe(None)
+
+
+# ===========================================================================
+# BUGS FOUND (tests below fail until the lead's fix; see H6's report)
+# ===========================================================================
+
+def test_break_star_breaks_a_lease_left_without_holder_record(lp):
+    # A run killed between mkdir and writing holder.json leaves an empty lease directory. The
+    # operator's documented break (sglang_lease_break='*', which LeaseBusy itself suggests for it)
+    # must clear it; nothing else can.
+    plant(lp, None)
+    got = acquire(lp, "run-new", break_lease="*")
+    assert got["acquired"] is True
+    assert holder_of(lp)["owner"] == "run-new"
+
+
+def test_lease_dir_without_holder_record_does_not_block_forever(lp):
+    # The same leftover, long after any run could still be writing its holder record.
+    plant(lp, None)
+    old = time.time() - 10 * lease.DEFAULT_TTL
+    os.utime(str(lp), (old, old))
+    got = acquire(lp, "run-new", now_fn=time.time, timeout=0)
+    assert got["acquired"] is True and got["took_over_reason"]
+
+
+def test_takeover_is_reported_by_the_run_that_ends_up_holding_the_lease(lp, monkeypatch):
+    # Run A removes the expired lease of run-old; run B, arriving in that instant, finds the path
+    # free. Whoever ends up holding the lease must be told it took over from run-old, so that it
+    # says so and continues from the journal; the other run must not hold it.
+    old = plant(lp, record("run-old", controller(12345, boot="other"), expires_in=-100))
+    real_rmtree = lease.shutil.rmtree
+    outcome = {}
+
+    def run_b():
+        try:
+            outcome["b"] = acquire(lp, "run-b", timeout=0)
+        except lease.LeaseBusy as exc:
+            outcome["b"] = exc
+
+    def rmtree(path, *args, **kwargs):
+        if "b" not in outcome:
+            run_b()
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(lease.shutil, "rmtree", rmtree)
+    try:
+        outcome["a"] = acquire(lp, "run-a", timeout=0)
+    except lease.LeaseBusy as exc:
+        outcome["a"] = exc
+    if "b" not in outcome:
+        run_b()
+    holder = holder_of(lp)["owner"]
+    assert holder in ("run-a", "run-b")
+    mine, other = (outcome["a"], outcome["b"]) if holder == "run-a" else (outcome["b"], outcome["a"])
+    assert isinstance(other, lease.LeaseBusy)
+    assert mine["took_over"] == old, "the takeover of run-old was reported to nobody: %r" % (outcome,)
+
+
+def test_legacy_record_with_controller_string(lp):
+    # node_lock wrote controller=$GPUFLEET_CONTROLLER, a plain string (e.g. the AWX host name).
+    held = plant(lp, _legacy(lease.DEFAULT_TTL + 5, "awx-01"))
+    assert lease.inspect(str(lp), "run-new", now=NOW)["state"] == lease.EXPIRED
+    got = acquire(lp, "run-new")
+    assert got["took_over"] == held
+    assert "run-legacy" in lease.describe(held)
+
+
+def test_parent_made_by_a_concurrent_run_is_fine(lp, monkeypatch):
+    # Two first runs on a fresh node: the other run makes the lock directory between this run's
+    # isdir() check and its makedirs(); acquire must not fail with FileExistsError.
+    lp.parent.mkdir(parents=True)
+    real_isdir = lease.os.path.isdir
+    parent = str(lp.parent)
+    monkeypatch.setattr(lease.os.path, "isdir", lambda p: False if str(p).rstrip("/") == parent else real_isdir(p))
+    got = acquire(lp, "run-a")
+    assert got["acquired"] is True

@@ -322,3 +322,21 @@ def test_compile_patterns_reports_each_bad_one():
     assert len(problems) == 2
     assert all(p.startswith("sglang_adopt_patterns:") for p in problems)
     assert "'(unclosed'" in problems[0] and "'[z-a]'" in problems[1]
+
+
+# ===========================================================================
+# BUGS FOUND (tests below fail until the lead's fix; see H6's report)
+# ===========================================================================
+
+def test_serving_process_whose_session_leader_is_gone_is_not_an_orphan(listener):
+    # Issue 12 section 5: another team's hand-started server, launched with nohup from an ssh
+    # shell that has since logged out (its session leader is gone), under its own user and on its
+    # own port. Nothing links it to this deploy (no record, not adopted), yet it is classified
+    # "orphan", and orphans are torn down without consent.
+    me = os.getpid()
+    tab = table()
+    tab[me] = P(me, ppid=1, sid=B + 800, uid=4_000_001,
+                cmdline=("python3", "-m", "sglang.launch_server", "--port", "31000"))
+    by_pid, dummy = classify(tab, {me: {2, 3}})
+    assert listener in pf.listening_ports([me])
+    assert by_pid[me]["class"] == "foreign", by_pid[me]

@@ -390,3 +390,21 @@ def test_decide_issue_12_case_1_interrupted_candidate_is_not_reported_fine():
     got = redeploy.decide(INTENDED, {"pid": 55, "fingerprint": INTENDED, "source": "managed", "healthy": True}, OLD, entry)
     assert got["action"] == redeploy.VERIFY and got["recovering"] and got["interrupted"]
     assert "r1" in got["why"] and "smoke" in got["why"]
+
+
+# ===========================================================================
+# BUGS FOUND (tests below fail until the lead's fix; see H6's report)
+# ===========================================================================
+
+def test_interrupted_step_after_launch_of_promoted_config_is_verified():
+    # A forced restart of the promoted config: the candidate (== intended == known-good) was
+    # launched, then the module got SIGTERM in the health wait and wrote step "interrupted"
+    # (replace.py record_failure(INTERRUPTED)). A SIGKILL at the same moment leaves step
+    # "launching", for which decide() says VERIFY; the SIGTERM case must not say NONE.
+    running = {"pid": 100, "fingerprint": INTENDED, "source": "managed", "healthy": True}
+    killed = {"run_id": "r-prev", "step": journal.LAUNCHING, "candidate": {"pid": 100, "fingerprint": INTENDED}}
+    termed = dict(killed, step=journal.INTERRUPTED)
+    assert redeploy.decide(INTENDED, running, INTENDED, killed)["action"] == redeploy.VERIFY
+    got = redeploy.decide(INTENDED, running, INTENDED, termed)
+    assert got["action"] == redeploy.VERIFY, got["why"]
+    assert got["recovering"] is True

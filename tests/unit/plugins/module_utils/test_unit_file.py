@@ -296,3 +296,47 @@ def test_env_file_newline_raises_naming_the_variable_not_the_value(value):
         unit.env_file_text({"OK": "fine", "HF_TOKEN": "hf_secret" + value})
     msg = str(info.value)
     assert "HF_TOKEN" in msg and "hf_secret" not in msg
+
+
+# ===========================================================================
+# BUGS FOUND (tests below fail until the lead's fix; see H6's report)
+# ===========================================================================
+
+@pytest.mark.parametrize("field, bad", [("name", "llama\nx"), ("version", "0.5\n23"), ("user", "svc\nx"),
+                                        ("group", "gpu\nx"), ("chdir", "/srv\nx"), ("python", "/opt/py3\nx"),
+                                        ("environment_files", ["/etc/a.env\nx"])])
+def test_newline_error_names_the_field(field, bad):
+    # "Bad input: a clear error naming the field": the message shows the value only.
+    with pytest.raises(ValueError) as info:
+        render(**{field: bad})
+    names = {"environment_files": ("environment_files", "EnvironmentFile")}.get(field, (field,))
+    assert any(n in str(info.value) for n in names), str(info.value)
+
+
+def test_newline_in_fingerprint_raises():
+    # The identity comment is a unit line too: a newline in it would inject the next line.
+    with pytest.raises(ValueError):
+        render(fingerprint="sha256:abc\nExecStartPre=/bin/sh -c id")
+
+
+@pytest.mark.parametrize("path", ["/srv/my models/env file.env", "/etc/sglang/100%.env", '/etc/"q".env'])
+def test_environment_file_paths_are_not_quoted(path):
+    # systemd does not unquote EnvironmentFile=: a quoted path is "not absolute" and ignored.
+    text = render(environment_files=[path])
+    assert [path_value(v) for v in lines_of(text, "EnvironmentFile")] == [path]
+
+
+@pytest.mark.parametrize("path", ["/srv/my models", "/srv/100%"])
+def test_working_directory_is_not_quoted(path):
+    # Neither does WorkingDirectory=.
+    assert [path_value(v) for v in lines_of(render(chdir=path), "WorkingDirectory")] == [path]
+
+
+@pytest.mark.parametrize("value", ["/templates/${MODEL}.jinja", "$HOME"])
+def test_exec_start_dollar_is_literal(value):
+    # render.systemd_quote (H1) leaves "$" alone, and systemd substitutes ${NAME} and a lone $NAME
+    # in ExecStart from the environment ("$$" is a literal "$").
+    flags = ["--model-path", "/models/llama", "--chat-template", value]
+    text = render(flags=flags)
+    words = exec_words(lines_of(text, "ExecStart")[0], env={"MODEL": "other", "HOME": "/root"})
+    assert words == [PY, "-m", "sglang.launch_server"] + flags

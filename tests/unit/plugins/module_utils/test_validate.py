@@ -201,3 +201,15 @@ def test_check_text_secret_surrounding_whitespace(value):
 @pytest.mark.parametrize("value", [None, "sk-abc", "a b c", 12345, "ключ-ü"])
 def test_check_text_secret_fine(value):
     assert validate.check_text_secret("sglang_server_api_key", value) is None
+
+
+# ===========================================================================
+# BUGS FOUND (tests below fail until the lead's fix; see H6's report)
+# ===========================================================================
+
+@pytest.mark.parametrize("name", NUMBER_RULES)
+def test_float_infinity_fails_like_the_string_inf(name):
+    # "inf" (a string) is refused, but float('inf') (YAML .inf, JSON Infinity) passes every
+    # number rule: _is_number() excludes nan only.
+    assert_one_problem(name, "inf")
+    assert_one_problem(name, float("inf"))
