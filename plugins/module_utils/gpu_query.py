@@ -74,7 +74,7 @@ BACKEND_NVML = 'nvml'
 MIB = 1024 * 1024
 
 # System daemons that keep GPU device files open and must never be stopped by
-# a drain (nvidia-smi.md section 3.7): persistence, DCGM, Fabric Manager, X, MPS.
+# a drain (docs/reference/nvidia-smi.md §3.7): persistence, DCGM, Fabric Manager, X, MPS.
 GPU_SYSTEM_DAEMONS = (
     'nvidia-persistenced', 'nv-hostengine', 'dcgm', 'dcgm-exporter', 'nvidia-fabricmanager', 'nv-fabricmanager',
     'Xorg', 'Xwayland', 'nvidia-cuda-mps-control', 'nvidia-cuda-mps-server',
@@ -463,7 +463,7 @@ def driver_status(status=STATUS_OK, rc=0, message=''):
 def detect_driver_failure(rc, stdout, stderr=''):
     """Recognise a node-wide nvidia-smi failure; returns a driver status dict or None.
 
-    The messages are on stdout (nvidia-smi.md section 1.5), so both the text
+    The messages are on stdout (docs/reference/nvidia-smi.md §1.5), so both the text
     and the exit code are checked: rc 9 or "couldn't communicate with the
     NVIDIA driver"; rc 12 or "couldn't find libnvidia-ml.so"; rc 18 or
     "Failed to initialize NVML: ... version mismatch"; "No devices were
@@ -804,7 +804,7 @@ class NvmlBackend(object):
     """Queries through NVML (``pynvml`` from nvidia-ml-py); no process is spawned.
 
     Uses the v2 memory structure, whose ``used`` excludes reserved memory like
-    nvidia-smi's ``memory.used`` (nvidia-smi.md section 2.3); a library
+    nvidia-smi's ``memory.used`` (docs/reference/nvidia-smi.md §2.3); a library
     without it raises :class:`BackendUnavailable` so that ``auto`` falls back
     to nvidia-smi rather than compare v1 ``used`` (which includes reserved)
     with a small threshold.

@@ -45,7 +45,7 @@ DEFAULT_DEVICE_PATTERNS = ('/dev/nvidia*',)
 # States that mean "has exited" for our purposes: zombie (exited, not reaped)
 # and dead (being torn down). A zombie thread-group leader whose other threads
 # still run is *not* exited: those threads keep the process's files, GPU
-# contexts included (nvidia-smi.md section 3.2 a); see :func:`is_exited`.
+# contexts included (docs/reference/nvidia-smi.md §3.2 a); see :func:`is_exited`.
 EXITED_STATES = frozenset(('Z', 'X', 'x'))
 
 STATE_NAMES = {

@@ -8,7 +8,7 @@ Process structure (docs/design.md, simulator section)::
                 └─ holder  os.setsid(): leads its own session and group;
                    │       comm = NAME; fds open on $GPUSIM_ROOT/dev/nvidia*
                    └─ keepers (--children N): forked after the fds were opened,
-                              they inherit them (nvidia-smi.md §3.2 b)
+                              they inherit them (docs/reference/nvidia-smi.md §3.2 b)
 
 The watcher waits for the holder and stamps ``exited_at`` the moment it reaps
 it (``Node.mark_exited``), then keeps reaping reparented keepers and stamps

@@ -2,8 +2,7 @@
 
 Contract: docs/design.md, section "Simulator state (GPUSIM_ROOT)".
 Ground truth for behaviour: real captures (tests/captures/nvidia-smi/, named
-in its manifest.json) and docs/reference/nvidia-smi.md; ../shared/docs/nvidia-smi.md
-(cited as §N) where no capture exists.
+in its manifest.json) and docs/reference/nvidia-smi.md (cited as §N).
 
 Layout::
 
@@ -61,7 +60,7 @@ def driver_major(version) -> int:
     except ValueError:
         return 0
 
-# nvidia-smi.md §1.2: totals and names of common parts.
+# docs/reference/nvidia-smi.md §1.2: totals and names of common parts.
 MODELS = {
     "H200": {"name": "NVIDIA H200", "total_mib": 143771, "pci_device_id": "0x233510DE",
              "power_limit_w": 700},

@@ -3,7 +3,7 @@
 Liveness follows docs/design.md: a process is alive when ``/proc/<pid>``
 exists, its start time (``/proc/<pid>/stat`` field 22) equals the one recorded
 when the hold was registered (so a recycled PID never keeps memory counted),
-and it is not a zombie (nvidia-smi.md §3.2: a zombie has already closed its
+and it is not a zombie (docs/reference/nvidia-smi.md §3.2: a zombie has already closed its
 device files).
 """
 from __future__ import annotations

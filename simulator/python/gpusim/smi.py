@@ -4,8 +4,8 @@ or the branch ``gpusim init --driver-version`` names).
 Where a public capture exists (tests/captures/nvidia-smi/, sources in its
 manifest.json) the output follows it byte for byte and a golden test
 compares the two; elsewhere the literal strings and exit codes follow
-../shared/docs/nvidia-smi.md (cited "§N"), and a fact it marks
-[unconfirmed] says so here. Imports are kept to the bare minimum: this runs
+docs/reference/nvidia-smi.md (cited "§N"), and what no source confirms is
+marked [unconfirmed] or [assumed] here. Imports are kept to the bare minimum: this runs
 on every poll.
 """
 from __future__ import annotations

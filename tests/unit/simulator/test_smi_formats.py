@@ -1,5 +1,5 @@
 """The fake nvidia-smi against the *literal* formats of the real 535.261.03
-binary quoted in shared/docs/nvidia-smi.md (cited §N).  Expected strings are
+binary described in docs/reference/nvidia-smi.md (cited §N).  Expected strings are
 written out here from the doc, never taken from the fake itself."""
 from __future__ import annotations
 

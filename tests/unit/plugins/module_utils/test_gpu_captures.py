@@ -105,7 +105,7 @@ def test_driver_failure_capture_is_recognised(entry):
     failure = gq.detect_driver_failure(rc, out, err)
     assert failure is not None and failure["status"] == expected and failure["fatal"] and failure["hint"]
     assert failure["rc"] == rc
-    # The message alone is enough (nvidia-smi.md 1.5: it is on stdout).
+    # The message alone is enough (docs/reference/nvidia-smi.md §1.5: it is on stdout).
     assert gq.detect_driver_failure(255, out, "")["status"] == expected
     # The parsers skip the message lines instead of reading them as rows.
     if entry["kind"] == "query-gpu":
@@ -140,7 +140,7 @@ def test_backend_stops_after_a_fatal_capture(source):
 
 
 def test_error_capture_bytes():
-    """The exact layout the fake nvidia-smi copies (nvidia-smi.md 1.5)."""
+    """The exact layout the fake nvidia-smi copies (docs/reference/nvidia-smi.md §1.5)."""
     for e in FAILURES:
         text = _text(e)
         if e["rc"] == 9:

@@ -1,7 +1,7 @@
 """Parser and backend tests for module_utils/gpu_query.py.
 
 Outputs are the literal formats of nvidia-smi 535 quoted in
-shared/docs/nvidia-smi.md (section numbers in the test names' docstrings).
+docs/reference/nvidia-smi.md (section numbers in the test names' docstrings).
 """
 from __future__ import annotations
 
