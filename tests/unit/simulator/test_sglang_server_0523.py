@@ -608,3 +608,23 @@ class TestDisaggregation:
         prefill, decode, boot = self.pair(start)
         r = gen(prefill, 4)
         assert r.status == 400 and "no bootstrap_host/bootstrap_room" in r.json()["error"]["message"]
+
+
+class TestMultiNodeAttentionDP:
+    def test_two_nodes_bind_dist_init_port_plus_1_to_6_and_13(self, start):
+        dist = free_port()
+        while dist + 20 > 65535:
+            dist = free_port()
+        common = ["--tp-size", "4", "--nnodes", "2", "--dist-init-addr", "127.0.0.1:%d" % dist,
+                  "--enable-dp-attention", "--dp-size", "2"]
+        rank0 = start(common + ["--node-rank", "0"], env={"CUDA_VISIBLE_DEVICES": "0,1"}, name="rank0")
+        rank1 = start(common + ["--node-rank", "1"], env={"CUDA_VISIBLE_DEVICES": "2,3"}, name="rank1")
+        rank0.wait_healthy(timeout=40)
+        assert listeners(dist) == {rank0.pid}                     # the rendezvous store
+        for offset in (1, 3, 5, 6):                               # tokenizer, rpc, scheduler input, load collector
+            assert listeners(dist + offset) == {rank0.pid}, offset
+        assert listeners(dist + 13) == {rank0.pid}                # worker-port handshake
+        assert listeners(dist + 4) == set()                       # metrics: checked only
+        rank0.signal(signal.SIGTERM)
+        assert rank0.wait(30) == 0
+        assert rank1.wait(30) == 0

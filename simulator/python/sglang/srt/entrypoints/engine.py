@@ -732,6 +732,10 @@ class Engine:
     def run(self) -> int:
         sa, knobs = self.server_args, self.knobs
         ranks = self.plan()
+        # PortArgs.init_new's checks come before anything binds (the rendezvous included)
+        self.port_plan = ports.plan(sa)
+        if self.node_rank == 0:
+            ports.wait_available(self.port_plan, self.nnodes)
         if sa.nnodes > 1:
             from sglang.srt.entrypoints.dist import DistClient, DistServer
 
@@ -744,9 +748,6 @@ class Engine:
                                        on_shutdown=self._remote_shutdown)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGQUIT, self._launch_phase_sigquit)
-        self.port_plan = ports.plan(sa)
-        if self.node_rank == 0:
-            ports.wait_available(self.port_plan, self.nnodes)
         for _name, host, port in ports.main_process_ports(self.port_plan, self.nnodes, self.node_rank):
             self.main_sockets.append(ports.listen(host, port))
         self.spawn_children(ranks)
