@@ -30,7 +30,7 @@ CACHE = pathlib.Path(os.environ.get("GPUFLEET_DIFFERENTIAL_CACHE") or REPO / ".c
 VENV = CACHE / "venv"
 STANDINS = pathlib.Path(__file__).resolve().parent / "standins"
 REQUIREMENTS = REPO / "requirements"
-VERSIONS = ("0.4.6.post5", "0.5.1", "0.5.10", "0.5.23")
+VERSIONS = ("0.4.6.post5", "0.4.10.post2", "0.5.1", "0.5.10", "0.5.23")
 
 
 class Release(object):

@@ -2,14 +2,21 @@
 # Copyright (c) gpufleet maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The SGLang flag table and the value rules that go with it.
+"""The SGLang flag table per release, and the value rules that go with it.
 
-``FLAGS`` maps a field name (snake_case, as in ``ServerArgs``) to its flag:
-``flag`` (the spelling rendered), ``type`` (int, float, str, bool for
-store_true, list for nargs, json for one JSON text), ``kind``, ``aliases``,
-``min_version`` / ``max_version`` (the first and last documented release that
-accept it), ``secret`` and ``config`` (may go into a --config file).
-See docs/reference/sglang-rules.md, "Flags".
+The table is generated from the real parsers (``scripts/gen-sglang-flags.py``
+into ``flags_data.py``) and parsed on first use. Per release, a field has its
+option strings, a type (int, float, str, bool, list, json), a kind (value,
+store_true, boolopt for ``--x/--no-x``, store_const, nargs), choices, a
+default and whether SGLang's ``--config`` file may carry it
+(docs/reference/sglang-rules.md §12).
+
+``FLAGS`` keeps the release-independent view: field -> ``flag`` (the spelling
+rendered), ``type``, ``kind``, ``aliases``, ``min_version`` / ``max_version``
+(the first and last documented release that has it), ``secret``,
+``replaced_by`` and ``config``. ``spec(field, version)`` is one release's
+entry. A field whose name is a secret by ``module_utils.secrets`` (api_key,
+admin_api_key, ssl_keyfile_password, ...) is ``secret``.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import difflib
 import json
 import re
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as _secrets
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.versions import (
     DOCUMENTED_VERSIONS,
     rule_version,
@@ -24,169 +32,157 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.versions im
 
 _TRUE_STRINGS = ("true", "yes", "on", "1")
 _FALSE_STRINGS = ("false", "no", "off", "0")
+# Renamed flags: the old field and the one that replaced it.
+REPLACED_BY = {"cuda_graph_max_bs": "cuda_graph_max_bs_decode"}
+# watermark_config carries the watermark key; SGLang redacts it from its own launch command.
+_EXTRA_SECRETS = ("watermark_config",)
 
-def _flag(ftype, aliases=(), min_version=None, max_version=None, secret=False, replaced_by=None, config=True, flag=None):
+_TABLE = {}
+
+
+def _table():
+    """The generated table, parsed once (a few milliseconds)."""
+    if not _TABLE:
+        from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import flags_data
+
+        data = json.loads(flags_data.DATA)
+        releases = data["releases"]
+        if len(releases) != len(DOCUMENTED_VERSIONS):
+            raise ValueError("flags_data.py lists %d releases, the rules know %d; regenerate it"
+                             % (len(releases), len(DOCUMENTED_VERSIONS)))
+        _TABLE["releases"] = releases
+        _TABLE["fields"] = data["fields"]
+        _TABLE["flags"] = dict((name, _summary(name, entry)) for name, entry in data["fields"].items())
+    return _TABLE
+
+
+def _summary(name, entry):
+    mask = 0
+    aliases = set()
+    for release_mask, spec in entry["specs"]:
+        mask |= release_mask
+        aliases.update(spec["o"])
+        for extra in spec.get("x", ()):
+            aliases.update(extra["o"])
+    aliases.discard(entry["flag"])
+    present = [i for i in range(len(DOCUMENTED_VERSIONS)) if mask >> i & 1]
+    newest = _spec_at(entry, present[-1])
+    kind = "json" if newest["t"] == "json" else newest["k"]
     return {
-        "flag": flag,
-        "type": ftype,
-        "aliases": list(aliases),
-        "min_version": min_version,
-        "max_version": max_version,
-        "secret": secret,
-        "replaced_by": replaced_by,
-        "config": config,
+        "flag": entry["flag"],
+        "type": newest["t"],
+        "kind": kind,
+        "aliases": sorted(a for a in aliases if a.startswith("--") and not a.startswith("--no-")),
+        "min_version": DOCUMENTED_VERSIONS[present[0]] if present[0] > 0 else None,
+        "max_version": DOCUMENTED_VERSIONS[present[-1]] if present[-1] < len(DOCUMENTED_VERSIONS) - 1 else None,
+        # a secret is a string value with a secret name (bucket_time_to_first_token is a list of floats)
+        "secret": (_secrets.is_secret_name(name) and newest["t"] == "str") or name in _EXTRA_SECRETS,
+        "replaced_by": REPLACED_BY.get(name),
+        "config": bool(newest["cfg"]) and name != "config",
+        "mask": mask,
     }
 
 
-_FLAG_SPECS = {
-    # model and serving
-    "model_path": _flag("str", ["--model"]),
-    "tokenizer_path": _flag("str"),
-    "revision": _flag("str"),
-    "trust_remote_code": _flag("bool"),
-    "context_length": _flag("int"),
-    "dtype": _flag("str"),
-    "quantization": _flag("str"),
-    "kv_cache_dtype": _flag("str"),
-    "load_format": _flag("str"),
-    "download_dir": _flag("str"),
-    "json_model_override_args": _flag("json"),
-    "chat_template": _flag("str"),
-    "reasoning_parser": _flag("str"),
-    "tool_call_parser": _flag("str"),
-    "weight_cache_mode": _flag("str", min_version="0.5.23"),
-    "host": _flag("str"),
-    "port": _flag("int"),
-    "served_model_name": _flag("str"),
-    "api_key": _flag("str", secret=True),
-    "admin_api_key": _flag("str", min_version="0.5.10", secret=True),
-    "skip_server_warmup": _flag("bool", min_version="0.4.10"),
-    "tokenizer_worker_num": _flag("int", min_version="0.5.10"),
-    "config": _flag("str", min_version="0.5.10", config=False),
-    # observability
-    "log_level": _flag("str"),
-    "log_level_http": _flag("str"),
-    "enable_metrics": _flag("bool"),
-    "decode_log_interval": _flag("int"),
-    "enable_cache_report": _flag("bool"),
-    # parallelism
-    "tp_size": _flag("int", ["--tensor-parallel-size"]),
-    "dp_size": _flag("int", ["--data-parallel-size"]),
-    "pp_size": _flag("int", ["--pipeline-parallel-size"]),
-    "ep_size": _flag("int", ["--expert-parallel-size"]),
-    "attn_dp_size": _flag("int", min_version="0.5.23"),
-    "enable_dp_attention": _flag("bool"),
-    "enable_dp_lm_head": _flag("bool"),
-    "nnodes": _flag("int"),
-    "node_rank": _flag("int"),
-    "dist_init_addr": _flag("str", ["--nccl-init-addr"]),
-    "base_gpu_id": _flag("int"),
-    # device and memory
-    "device": _flag("str"),
-    "mem_fraction_static": _flag("float"),
-    "max_running_requests": _flag("int"),
-    "max_total_tokens": _flag("int"),
-    "max_prefill_tokens": _flag("int"),
-    "chunked_prefill_size": _flag("int"),
-    "page_size": _flag("int"),
-    "cpu_offload_gb": _flag("int"),
-    "watchdog_timeout": _flag("float"),
-    "random_seed": _flag("int"),
-    # scheduling and kernels
-    "schedule_policy": _flag("str"),
-    "stream_interval": _flag("int"),
-    "attention_backend": _flag("str"),
-    "prefill_attention_backend": _flag("str", min_version="0.4.10"),
-    "decode_attention_backend": _flag("str", min_version="0.4.10"),
-    "sampling_backend": _flag("str"),
-    "grammar_backend": _flag("str"),
-    "moe_runner_backend": _flag("str", min_version="0.5.1"),
-    "disable_overlap_schedule": _flag("bool"),
-    "enable_mixed_chunk": _flag("bool"),
-    "disable_radix_cache": _flag("bool"),
-    "enable_hierarchical_cache": _flag("bool"),
-    "disable_cuda_graph": _flag("bool"),
-    "cuda_graph_max_bs": _flag("int", max_version="0.5.10", replaced_by="cuda_graph_max_bs_decode"),
-    "cuda_graph_max_bs_decode": _flag("int", min_version="0.5.23"),
-    "cuda_graph_max_bs_prefill": _flag("int", min_version="0.5.23"),
-    "enable_torch_compile": _flag("bool"),
-    "enable_two_batch_overlap": _flag("bool", min_version="0.4.10"),
-    "enable_pdmux": _flag("bool", min_version="0.4.10"),
-    "enable_deterministic_inference": _flag("bool", min_version="0.5.10"),
-    "enable_unified_memory": _flag("bool", min_version="0.5.23"),
-    "enable_return_aux_hidden_states": _flag("bool", min_version="0.5.23"),
-    "return_aux_hidden_state_layer_ids": _flag("list", min_version="0.5.23"),
-    # LoRA (lora_paths uses a custom argparse action that --config cannot express)
-    "enable_lora": _flag("bool", min_version="0.4.10"),
-    "lora_paths": _flag("list", config=False),
-    "max_loaded_loras": _flag("int", min_version="0.4.10"),
-    # PD disaggregation
-    "disaggregation_mode": _flag("str"),
-    "disaggregation_decode_enable_radix_cache": _flag("bool", min_version="0.5.23"),
-    "enable_pd_role_switch": _flag("bool", min_version="0.5.23"),
-    # speculative decoding
-    "speculative_algorithm": _flag("str"),
-    "speculative_draft_model_path": _flag("str", ["--speculative-draft-model"]),
-    "speculative_draft_model_revision": _flag("str", min_version="0.5.10"),
-    "speculative_num_steps": _flag("int"),
-    "speculative_eagle_topk": _flag("int"),
-    "speculative_num_draft_tokens": _flag("int"),
-    "speculative_token_map": _flag("str"),
-    "speculative_accept_threshold_single": _flag("float"),
-    "speculative_accept_threshold_acc": _flag("float"),
-    "speculative_attention_mode": _flag("str", min_version="0.5.10"),
-    "speculative_moe_runner_backend": _flag("str", min_version="0.5.10"),
-    "speculative_ngram_max_bfs_breadth": _flag("int", min_version="0.5.10"),
-    "speculative_ngram_min_bfs_breadth": _flag("int", min_version="0.5.10"),
-    "enable_multi_layer_eagle": _flag("bool", min_version="0.5.10"),
-    "speculative_adaptive": _flag("bool", min_version="0.5.23"),
-    "speculative_adaptive_config": _flag("str", min_version="0.5.23"),
-    "speculative_dflash_block_size": _flag("int", min_version="0.5.23"),
-    "speculative_dspark_block_size": _flag("int", min_version="0.5.23"),
-    "speculative_use_rejection_sampling": _flag("bool", min_version="0.5.23"),
-    "speculative_draft_window_size": _flag("int", min_version="0.5.23"),
-    "speculative_draft_sink_size": _flag("int", min_version="0.5.23"),
-    "uno_lora_path": _flag("str", min_version="0.5.23"),
-}
+def _spec_at(entry, index):
+    for release_mask, spec in entry["specs"]:
+        if release_mask >> index & 1:
+            return spec
+    return None
 
-FLAGS = {}
-for _name, _spec in _FLAG_SPECS.items():
-    _spec["flag"] = _spec["flag"] or "--" + _name.replace("_", "-")
-    _spec["kind"] = {"bool": "store_true", "list": "nargs", "json": "json"}.get(_spec["type"], "value")
-    FLAGS[_name] = _spec
-del _name, _spec
 
-SECRET_ARGS = tuple(sorted(k for k, v in FLAGS.items() if v["secret"]))
+class _Flags(object):
+    """A read-only mapping field -> summary, loaded on first access."""
+
+    def _d(self):
+        return _table()["flags"]
+
+    def __getitem__(self, key):
+        return self._d()[key]
+
+    def __contains__(self, key):
+        return key in self._d()
+
+    def __iter__(self):
+        return iter(self._d())
+
+    def __len__(self):
+        return len(self._d())
+
+    def keys(self):
+        return self._d().keys()
+
+    def items(self):
+        return self._d().items()
+
+    def values(self):
+        return self._d().values()
+
+    def get(self, key, default=None):
+        return self._d().get(key, default)
+
+
+FLAGS = _Flags()
+
+
+def secret_args():
+    """The secret fields, sorted."""
+    return tuple(sorted(k for k, v in FLAGS.items() if v["secret"]))
+
+
+def __getattr__(name):
+    # SECRET_ARGS is computed on first use, so that importing this module parses nothing.
+    if name == "SECRET_ARGS":
+        return secret_args()
+    raise AttributeError(name)
+
+
+def release_index(version):
+    return DOCUMENTED_VERSIONS.index(rule_version(version))
+
+
+def spec(field, version=None):
+    """``field``'s entry for ``version`` (the newest release that has it when None), or None.
+
+    Keys: type, kind, nargs, choices, default, required, options, parser, config.
+    """
+    entry = _table()["fields"].get(field)
+    if entry is None:
+        return None
+    if version is None:
+        index = max(i for i in range(len(DOCUMENTED_VERSIONS)) if FLAGS[field]["mask"] >> i & 1)
+    else:
+        index = release_index(version)
+    raw = _spec_at(entry, index)
+    if raw is None:
+        return None
+    return {"type": raw["t"], "kind": raw["k"], "nargs": raw["n"], "choices": raw["c"], "default": raw["d"],
+            "required": raw["r"], "options": list(raw["o"]), "parser": raw["p"], "config": bool(raw["cfg"])}
 
 
 def flag_available(field, version):
-    """True when ``version`` accepts the flag of ``field`` (by FLAGS min/max)."""
-    spec = FLAGS[field]
-    documented = rule_version(version)
-    idx = DOCUMENTED_VERSIONS.index(documented)
-    if spec["min_version"] and idx < DOCUMENTED_VERSIONS.index(spec["min_version"]):
-        return False
-    if spec["max_version"] and idx > DOCUMENTED_VERSIONS.index(spec["max_version"]):
-        return False
-    return True
+    """True when ``version`` accepts the flag of ``field``."""
+    return bool(FLAGS[field]["mask"] >> release_index(version) & 1)
 
 
 def availability_error(field, version):
-    spec = FLAGS[field]
-    idx = DOCUMENTED_VERSIONS.index(rule_version(version))
-    if spec["min_version"] and idx < DOCUMENTED_VERSIONS.index(spec["min_version"]):
+    """Why ``version`` rejects ``field``'s flag, or None when it accepts it."""
+    if flag_available(field, version):
+        return None
+    info = FLAGS[field]
+    index = release_index(version)
+    present = [i for i in range(len(DOCUMENTED_VERSIONS)) if info["mask"] >> i & 1]
+    if index < present[0]:
         return (
             "argument '%s' (%s) needs SGLang %s or newer; SGLang %s fails at startup with "
             "\"unrecognized arguments: %s\". Drop '%s' or upgrade SGLang"
-            % (field, spec["flag"], spec["min_version"], version, spec["flag"], field)
+            % (field, info["flag"], DOCUMENTED_VERSIONS[present[0]], version, info["flag"], field)
         )
-    if spec["max_version"] and idx > DOCUMENTED_VERSIONS.index(spec["max_version"]):
-        hint = "; use '%s' instead" % spec["replaced_by"] if spec["replaced_by"] else ""
-        return (
-            "argument '%s' (%s) is not accepted after SGLang %s; SGLang %s rejects it at startup. Drop '%s'%s"
-            % (field, spec["flag"], spec["max_version"], version, field, hint)
-        )
-    return None
+    hint = "; use '%s' instead" % info["replaced_by"] if info["replaced_by"] else ""
+    last = max(i for i in present if i < index)
+    return (
+        "argument '%s' (%s) is not accepted after SGLang %s; SGLang %s rejects it at startup "
+        "(\"unrecognized arguments\"). Drop '%s'%s" % (field, info["flag"], DOCUMENTED_VERSIONS[last], version, field, hint)
+    )
 
 
 def suggest_field(key):
@@ -194,8 +190,8 @@ def suggest_field(key):
     norm = str(key).lstrip("-").replace("-", "_").lower()
     if norm in FLAGS:
         return norm
-    for field, spec in FLAGS.items():
-        if "--" + norm.replace("_", "-") in spec["aliases"]:
+    for field, info in FLAGS.items():
+        if "--" + norm.replace("_", "-") in info["aliases"]:
             return field
     close = difflib.get_close_matches(norm, list(FLAGS), n=1, cutoff=0.6)
     if close:
@@ -247,10 +243,21 @@ def fmt(value):
     return str(value)
 
 
-def coerce(field, value):
-    """Coerce ``value`` to the FLAGS type of ``field``; returns (value, error)."""
-    ftype = FLAGS[field]["type"]
-    flag = FLAGS[field]["flag"]
+def _choice_error(field, value, choices, version, flag):
+    shown = ", ".join("'%s'" % c for c in choices)
+    return ("%s: SGLang %s rejects %r at startup (argparse: \"argument %s: invalid choice: %r (choose from %s)\"); "
+            "use one of %s" % (field, version, value, flag, value, shown, ", ".join(str(c) for c in choices)))
+
+
+def coerce(field, value, version=None, check_choices=True):
+    """Coerce ``value`` to ``field``'s type (for ``version``); returns (value, error).
+
+    With ``version``, a value outside that release's argparse choices is an error.
+    """
+    info = FLAGS[field]
+    entry = spec(field, version) if version is not None else None
+    ftype = entry["type"] if entry else info["type"]
+    flag = info["flag"]
     if value is None:
         return None, None
     if ftype == "bool":
@@ -261,12 +268,15 @@ def coerce(field, value):
         return value, "%s: %s is a store_true flag; give true or false, not %s %r" % (field, flag, type(value).__name__, value)
     if ftype == "int":
         if isinstance(value, int) and not isinstance(value, bool):
-            return value, None
-        if isinstance(value, float) and value.is_integer():
-            return int(value), None
-        if isinstance(value, str) and re.match(r"^\s*-?\d+\s*$", value):
-            return int(value), None
-        return value, "%s: SGLang fails at startup with \"argument %s: invalid int value: %r\"; give an integer" % (field, flag, str(value))
+            coerced = value
+        elif isinstance(value, float) and value.is_integer():
+            coerced = int(value)
+        elif isinstance(value, str) and re.match(r"^\s*-?\d+\s*$", value):
+            coerced = int(value)
+        else:
+            return value, "%s: SGLang fails at startup with \"argument %s: invalid int value: %r\"; give an integer" % (
+                field, flag, str(value))
+        return _checked_choice(field, coerced, entry, version, flag, check_choices)
     if ftype == "float":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return value, None
@@ -275,11 +285,18 @@ def coerce(field, value):
                 return float(value), None
             except ValueError:
                 pass
-        return value, "%s: SGLang fails at startup with \"argument %s: invalid float value: %r\"; give a number" % (field, flag, str(value))
+        return value, "%s: SGLang fails at startup with \"argument %s: invalid float value: %r\"; give a number" % (
+            field, flag, str(value))
     if ftype == "list":
-        if isinstance(value, (list, tuple)):
-            return list(value), None
-        return value, "%s: %s takes a list of values, got %s %r; write it as a YAML list" % (field, flag, type(value).__name__, value)
+        if not isinstance(value, (list, tuple)):
+            return value, "%s: %s takes a list of values, got %s %r; write it as a YAML list" % (
+                field, flag, type(value).__name__, value)
+        value = list(value)
+        if check_choices and entry and entry["choices"]:
+            for item in value:
+                if str(item) not in [str(c) for c in entry["choices"]]:
+                    return value, _choice_error(field, item, entry["choices"], version, flag)
+        return value, None
     if ftype == "json":
         if isinstance(value, (dict, list)):
             return value, None
@@ -292,4 +309,11 @@ def coerce(field, value):
         return value, "%s: %s takes a dict or JSON text, got %s %r" % (field, flag, type(value).__name__, value)
     if isinstance(value, (dict, list, bool)):
         return value, "%s: %s takes one string value, got %s %r" % (field, flag, type(value).__name__, value)
-    return value if isinstance(value, str) else str(value), None
+    return _checked_choice(field, value if isinstance(value, str) else str(value), entry, version, flag, check_choices)
+
+
+def _checked_choice(field, value, entry, version, flag, check_choices):
+    if check_choices and entry and entry["choices"] and value not in entry["choices"] \
+            and str(value) not in [str(c) for c in entry["choices"]]:
+        return value, _choice_error(field, value, entry["choices"], version, flag)
+    return value, None

@@ -146,6 +146,18 @@ def install_cuda_guard(torch, gpu):
         torch.version.cuda = "12.9"
 
 
+def _torch_facade():
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.ModuleType("torch.cuda")
+    torch.version = types.SimpleNamespace(cuda=None)
+    torch.__oracle_facade__ = True
+    sys.modules["torch"] = torch
+    sys.modules["torch.cuda"] = torch.cuda
+    return torch
+
+
 def install_smi_answer(gpu):
     """Answer ``nvidia-smi --query-gpu=memory.total`` from the facts, without a process."""
     import subprocess
@@ -294,20 +306,24 @@ def main():
         for key, value in (request.get("env") or {}).items():
             os.environ[str(key)] = str(value)
         capture = _Capture()
-        root = logging.getLogger()
-        root.addHandler(capture)
-        real_basic_config = logging.basicConfig
+        real_handle = logging.Logger.handle
 
-        def basic_config(*args, **kwargs):
-            real_basic_config(*args, **kwargs)  # SGLang's own format; force=True drops our handler
-            if capture not in logging.getLogger().handlers:
-                logging.getLogger().addHandler(capture)
+        def handle(logger_self, record):
+            # Every record any logger handles is kept, whatever handlers SGLang
+            # installs or removes (basicConfig(force=True) drops the root's).
+            if not logger_self.disabled:
+                capture.emit(record)
+            return real_handle(logger_self, record)
 
-        logging.basicConfig = basic_config
+        logging.Logger.handle = handle
         started = time.time()
         try:
-            import torch
-
+            try:
+                import torch
+            except ImportError:
+                # No torch, so no CUDA: an SGLang without torch (the simulator's fake) still
+                # asks torch.cuda for the GPU; it gets the facts from a stand-in module.
+                torch = _torch_facade()
             install_cuda_guard(torch, gpu)
             install_smi_answer(gpu)
             import sglang

@@ -56,10 +56,13 @@ def _checked_items(args, version):
         value, problem = coerce(key, value)
         if problem:
             raise ValueError(problem)
-        if value is None or value is False:
+        if value is None or (value is False and FLAGS[key]["kind"] != "boolopt"):
             continue
         if version is not None:
             problem = availability_error(key, version)
+            if problem:
+                raise ValueError(problem)
+            value, problem = coerce(key, value, version)
             if problem:
                 raise ValueError(problem)
         items.append((key, value))
@@ -96,7 +99,8 @@ def to_argv(args, version=DEFAULT_VERSION, secrets="include"):
             continue
         flag = spec["flag"]
         if spec["type"] == "bool":
-            argv.append(flag)
+            # store_true: the bare flag; --x/--no-x (BooleanOptionalAction): false is --no-x
+            argv.append(flag if value else "--no-" + flag[2:])
         elif spec["type"] == "list":
             if not value:
                 continue

@@ -270,18 +270,19 @@ class _Resolver(object):
             if key not in FLAGS:
                 self.error(unknown_key_message(key) + " (SGLang fails at startup with \"unrecognized arguments\")")
                 continue
-            value, problem = coerce(key, self.a[key])
+            problem = availability_error(key, self.version)
+            if problem:
+                if self.a[key] is not None and self.a[key] is not False:
+                    self.error(problem)
+                continue
+            # the algorithm's choices have their own message (normalize_algorithm)
+            value, problem = coerce(key, self.a[key], self.version, check_choices=key != "speculative_algorithm")
             if problem:
                 self.error(problem)
                 types_ok = False
                 continue
             self.a[key] = value
             self.raw[key] = value
-            if value is None or value is False:
-                continue
-            problem = availability_error(key, self.version)
-            if problem:
-                self.error(problem)
         return types_ok
 
     # -- speculation -----------------------------------------------------------

@@ -56,8 +56,9 @@ class ResolveContext:
 
     def __init__(self, version_tuple, arch, draft_arch=None, gpu_name="NVIDIA H200",
                  gpu_total_mib=143771, enable_spec_v2=False, draft_config=None,
-                 model_dir=None):
+                 model_dir=None, capability=None):
         self.vt = tuple(version_tuple)
+        self.capability = tuple(capability) if capability else None
         self.arch = arch
         self.draft_arch = draft_arch
         self.draft_config = draft_config or {}
@@ -68,10 +69,14 @@ class ResolveContext:
 
     @property
     def is_hopper(self) -> bool:
+        if self.capability:
+            return self.capability[0] == 9
         return any(t in self.gpu_name for t in ("H100", "H200", "H800", "H20", "GH200"))
 
     @property
     def is_sm100(self) -> bool:
+        if self.capability:
+            return self.capability[0] == 10
         return any(t in self.gpu_name for t in ("B200", "GB200", "B300", "GB300"))
 
 
@@ -619,6 +624,16 @@ def _validate_0523(sa, ctx):
         assert sa.speculative_algorithm in MIXED_CHUNK_ALGORITHMS, (
             f"enable_mixed_chunk is not supported with speculative_algorithm="
             f"{sa.speculative_algorithm}")
+
+
+def check_server_args(sa, vt) -> None:
+    """The final validation of the emulated release (``check_server_args``), speculative part."""
+    pp = sa.values.get("pp_size") or 1
+    if pp > 1 and sa.speculative_algorithm is not None:
+        if vt < (0, 5, 10):
+            raise AssertionError(
+                "Pipeline parallelism is not compatible with overlap schedule, speculative decoding, "
+                "mixed chunked prefill.")
 
 
 # --------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """Command line of the fake server: the real flag set, argparse, ``--config``.
 
-* Flags: every command-line field of SGLang 0.5.23 (``flag_table.FIELDS``,
-  generated from the wheel) plus the hand-registered ones of
-  ``ServerArgs.add_cli_args`` (sglang.md §5).  The same table is used for
-  every emulated version, with these version differences (§1.9, §5):
-  ``--speculative-algorithm`` is an upper-case choice list before 0.5.23;
-  ``--config`` exists from 0.5.10; ``--speculative-adaptive*`` only in
-  0.5.23; the alias ``--speculative-draft-model`` only in 0.5.23; the parser's
-  prog is ``sglang serve`` from 0.5.10 (older: ``launch_server.py``).
+* Flags: every command-line field of the emulated release, from the table
+  generated out of the real parsers (``flag_table``, read from
+  ``flag_table.json``): option strings, aliases, types, nargs, choices and
+  defaults per release, so that argparse accepts and rejects exactly what that
+  release does (``--speculative-algorithm`` is a choice list before 0.5.23,
+  ``--config`` exists from 0.5.10, ``trtllm_mha`` is no attention backend in
+  0.4.6, ...). The parser's prog is ``sglang serve`` from 0.5.10 (older:
+  ``launch_server.py``).
 * Unknown flags are rejected by argparse itself (usage + "error:
   unrecognized arguments: ..." on stderr, exit 2).  Prefix abbreviations work
   as in the real parser (``allow_abbrev`` is left on, so ``--tp`` means
@@ -15,7 +15,11 @@
 * ``--config`` (0.5.10+): ``ConfigArgumentMerger`` semantics of
   ``utils/server_args_config_parser.py``, re-implemented on the YAML subset of
   ``yaml_subset.py``.  Only the exact token ``--config`` triggers the merge;
-  ``--config=file.yaml`` is parsed and silently ignored (§5 pitfall).
+  ``--config=file.yaml`` is parsed and silently ignored.
+* The API the collection's oracle helper calls on a real SGLang: ``ServerArgs``
+  with ``add_cli_args(parser)``, ``from_cli_args(namespace)``, ``resolve_once()``
+  (0.5.23), ``check_server_args()`` and ``resolved_dict()``, and
+  ``prepare_server_args(argv)``.
 
 This is the simulator's own implementation.  It must never import the
 collection (``plugins/``, ``ansible_collections``): cross-checks between the
@@ -31,25 +35,6 @@ import os
 from sglang.srt import flag_table, yaml_subset
 
 logger = logging.getLogger("sglang.srt.server_args")
-
-# Fields registered by hand in ServerArgs.add_cli_args (0.5.23
-# server_args.py:351-445); they are not in the generated table.
-MANUAL_FIELDS = (
-    ("sampling_backend", ("--sampling-backend",), "str", None,
-     ("flashinfer", "pytorch", "ascend", "intel_xpu")),
-    ("reasoning_parser", ("--reasoning-parser",), "str", None, None),
-    ("tool_call_parser", ("--tool-call-parser",), "str", None, None),
-    ("kv_canary_real_data", ("--kv-canary-real-data",), "str", "none", ("none", "partial", "all")),
-    ("disable_cuda_graph", ("--disable-cuda-graph",), "bool", False, None),
-    ("enable_dp_attention", ("--enable-dp-attention",), "bool", False, None),
-    ("enable_amd_monokernel", ("--monokernel-backend",), "monokernel", False, ("amd",)),
-    ("enable_flashinfer_allreduce_fusion", ("--enable-flashinfer-allreduce-fusion",), "bool",
-     False, None),
-)
-
-OLD_ALGORITHM_CHOICES = ("EAGLE", "EAGLE3", "NEXTN")          # 0.4.6 - 0.5.1
-V0510_ALGORITHM_CHOICES = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-V0523_ONLY_FIELDS = ("speculative_adaptive", "speculative_adaptive_config")
 
 
 def human_readable_int(value: str) -> int:
@@ -89,35 +74,32 @@ class _StoreConstTrue(argparse.Action):
 
 
 _TYPES = {"str": str, "int": int, "float": float, "hrint": human_readable_int,
-          "json": json.loads, "jsonlist": _json_list}
+          "json": json.loads, "jsonlist": _json_list, "nullstr": _nullable_str}
 
 
 def all_fields(version_tuple) -> list:
-    """(field, option strings, kind, default, choices) rows for a version."""
-    rows = []
-    for row in flag_table.FIELDS + MANUAL_FIELDS:
-        name, names, kind, default, choices = row
-        if name in V0523_ONLY_FIELDS and version_tuple < (0, 5, 23):
-            continue
-        if name == "speculative_draft_model_path" and version_tuple < (0, 5, 23):
-            names = tuple(n for n in names if n != "--speculative-draft-model")
-        if name == "speculative_algorithm" and version_tuple < (0, 5, 23):
-            choices = V0510_ALGORITHM_CHOICES if version_tuple >= (0, 5, 10) else OLD_ALGORITHM_CHOICES
-        rows.append((name, names, kind, default, choices))
-    return rows
+    """(field, option strings, kind, default, choices, nargs) rows for a version."""
+    return flag_table.fields(version_tuple)
+
+
+def field_names(version_tuple) -> list:
+    names = []
+    for row in all_fields(version_tuple):
+        if row[0] not in names:
+            names.append(row[0])
+    return names
 
 
 def field_defaults(version_tuple) -> dict:
     out = {}
-    for name, _names, _kind, default, _choices in all_fields(version_tuple):
-        out[name] = None if default == flag_table.REQUIRED else default
+    for name, _names, _kind, default, _choices, _nargs in all_fields(version_tuple):
+        out.setdefault(name, None if default == flag_table.REQUIRED else default)
     return out
 
 
-def build_parser(version_tuple) -> argparse.ArgumentParser:
-    prog = "sglang serve" if version_tuple >= (0, 5, 10) else None
-    parser = argparse.ArgumentParser(prog=prog)
-    for name, names, kind, default, choices in all_fields(version_tuple):
+def add_cli_args(parser, version_tuple) -> None:
+    """Register the release's flags on ``parser`` (ServerArgs.add_cli_args)."""
+    for name, names, kind, default, choices, nargs in all_fields(version_tuple):
         kwargs = {"dest": name}
         if default != flag_table.REQUIRED:
             kwargs["default"] = default
@@ -127,13 +109,11 @@ def build_parser(version_tuple) -> argparse.ArgumentParser:
             kwargs["action"] = "store_true"
         elif kind == "boolopt":
             kwargs["action"] = argparse.BooleanOptionalAction
-        elif kind == "monokernel":
-            kwargs.update(action=_StoreConstTrue, choices=list(choices))
+        elif kind == "constchoice":
+            kwargs.update(action=_StoreConstTrue, choices=list(choices or ()))
         elif kind in ("strlist", "intlist", "floatlist"):
             kwargs["type"] = {"strlist": str, "intlist": int, "floatlist": float}[kind]
-            kwargs["nargs"] = "*" if name in ("lora_paths", "lora_target_modules",
-                                              "custom_weight_loader",
-                                              "uvicorn_access_log_exclude_prefixes") else "+"
+            kwargs["nargs"] = nargs or "+"
             if choices:
                 kwargs["choices"] = list(choices)
         elif kind == "optstr":
@@ -143,11 +123,12 @@ def build_parser(version_tuple) -> argparse.ArgumentParser:
             if choices:
                 kwargs["choices"] = list(choices)
         parser.add_argument(*names, **kwargs)
-    if version_tuple >= (0, 5, 10):
-        parser.add_argument(
-            "--config", type=str,
-            help="Read CLI options from a config file. Must be a YAML file with "
-                 "configuration options.")
+
+
+def build_parser(version_tuple) -> argparse.ArgumentParser:
+    prog = "sglang serve" if version_tuple >= (0, 5, 10) else None
+    parser = argparse.ArgumentParser(prog=prog)
+    add_cli_args(parser, version_tuple)
     return parser
 
 
@@ -278,16 +259,56 @@ class ServerArgs:
         values = object.__getattribute__(self, "values")
         if name in values:
             return values[name]
+        # A field this release does not have (the engine code is shared by every emulated
+        # release): the newest release's default, but it is not part of the record.
+        newest = _newest_defaults()
+        if name in newest:
+            return newest[name]
         raise AttributeError(name)
 
     def __setattr__(self, name, value):
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+            return
         self.values[name] = value
 
-    def resolve_once(self, ctx) -> None:
-        """Run the resolution pipeline once (server_args.py:244-300, sglang.md §1.1)."""
+    def resolve_once(self, ctx=None) -> None:
+        """Run the resolution pipeline once (0.5.23 ``ServerArgs.resolve_once``).
+
+        The launcher passes the context of the simulated node; called without one
+        (as the collection's oracle helper calls a real SGLang), the context is read
+        from the model's config.json and the GPU facts of ``torch.cuda`` when a
+        torch module is importable, else an H200.  A second call does nothing.
+        """
+        if self.__dict__.get("_resolution_finished"):
+            return
         from sglang.srt.resolution import resolve
 
-        resolve(self, ctx)
+        resolve(self, ctx if ctx is not None else self._context())
+        object.__setattr__(self, "_resolution_finished", True)
+
+    def _context(self):
+        from sglang.srt import resolution
+        from sglang.srt.sim_config import version_tuple
+
+        model_config = resolution.read_model_config(self.model_path)
+        draft_config, draft_arch = {}, None
+        if self.values.get("speculative_draft_model_path") is not None:
+            draft_config = resolution.read_model_config(self.speculative_draft_model_path)
+            draft_arch = (draft_config.get("architectures") or [None])[0]
+        gpu = _torch_gpu_facts()
+        return resolution.ResolveContext(
+            version_tuple(self.version), resolution.architecture_of(model_config), draft_arch=draft_arch,
+            gpu_name=gpu["name"], gpu_total_mib=gpu["total_mib"], capability=gpu["capability"],
+            enable_spec_v2=(os.environ.get("SGLANG_ENABLE_SPEC_V2") or "").lower() in ("1", "true"),
+            draft_config=draft_config, model_dir=self.model_path)
+
+    def check_server_args(self) -> None:
+        """The final validation (``check_server_args``) of the emulated release."""
+        from sglang.srt.resolution import check_server_args
+        from sglang.srt.sim_config import version_tuple
+
+        check_server_args(self, version_tuple(self.version))
 
     def log(self) -> None:
         logger.info("server_args=%r", self)
@@ -310,9 +331,46 @@ class ServerArgs:
         return f"ServerArgs({body})"
 
 
-def prepare_server_args(argv: list, version: str, version_tuple,
+_NEWEST = {}
+
+
+def _newest_defaults() -> dict:
+    if not _NEWEST:
+        _NEWEST.update(field_defaults(flag_table.RELEASE_TUPLES[-1]))
+    return _NEWEST
+
+
+def _torch_gpu_facts() -> dict:
+    """Name, capability and memory of GPU 0 as ``torch.cuda`` reports them (never initialising it)."""
+    facts = {"name": "NVIDIA H200", "capability": None, "total_mib": 143771}
+    try:
+        import torch
+    except ImportError:
+        return facts
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_available():
+        return facts
+    facts["name"] = cuda.get_device_name(0)
+    facts["capability"] = tuple(cuda.get_device_capability(0))
+    facts["total_mib"] = int(cuda.get_device_properties(0).total_memory // (1024 * 1024))
+    return facts
+
+
+def prepare_server_args(argv: list, version: str = None, version_tuple=None,
                         configure_logging: bool = True) -> ServerArgs:
-    """argv (without the program) -> ServerArgs; argparse exits 2 on errors."""
+    """argv (without the program) -> ServerArgs; argparse exits 2 on errors.
+
+    The launcher passes the emulated version and resolves later with the node's
+    context.  Called with ``argv`` alone (the real signature), the version comes
+    from ``SGLANG_SIM_VERSION`` and, as in the real releases before 0.5.23 (whose
+    dataclass resolves in ``__post_init__``), resolution runs here.
+    """
+    real_signature = version is None
+    if real_signature:
+        from sglang.srt.sim_config import emulated_version, version_tuple as to_tuple
+
+        version = emulated_version()
+        version_tuple = to_tuple(version)
     parser = build_parser(version_tuple)
     if version_tuple >= (0, 5, 10) and "--config" in argv:
         argv = ConfigArgumentMerger(parser).merge_config_with_args(list(argv))
@@ -325,8 +383,10 @@ def prepare_server_args(argv: list, version: str, version_tuple,
         configure_logger(ns.log_level, log_ms=(os.environ.get("SGLANG_LOG_MS") or "").lower()
                          in ("1", "true"))
     values = {}
-    for name, _n, _k, _d, _c in all_fields(version_tuple):
-        if name not in values:
-            values[name] = getattr(ns, name)
+    for name in field_names(version_tuple):
+        values[name] = getattr(ns, name)
     style = "dict" if version_tuple >= (0, 5, 23) else "dataclass"
-    return ServerArgs(values, argv, version, style)
+    server_args = ServerArgs(values, argv, version, style)
+    if real_signature and version_tuple < (0, 5, 23):
+        server_args.resolve_once()
+    return server_args

@@ -1,8 +1,9 @@
 """Unit tests for plugins/module_utils/sglang/render.py: server_argv and systemd_exec_start.
 
 to_argv / to_config_yaml / yaml_quote are covered in test_sglang_resolve.py. The
-ExecStart quoting must follow the ``q()`` macro of the unit template exactly; the
-macro itself is rendered here with Jinja2 and compared word for word.
+ExecStart quoting must follow the ``q()`` macro that the role's unit template used
+(roles/sglang_server/templates/sglang.service.j2 before render.py took over); the
+macro, kept verbatim below, is rendered with Jinja2 and compared word for word.
 """
 from __future__ import annotations
 
@@ -15,8 +16,14 @@ import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render
 
-REPO = pathlib.Path(__file__).resolve().parents[4]
-UNIT_TEMPLATE = REPO / "roles" / "sglang_server" / "templates" / "sglang.service.j2"
+UNIT_MACRO = (
+    "{%- macro q(token) -%}\n"
+    "{%- set t = token | string -%}\n"
+    "{%- if t is match('^[A-Za-z0-9_@+=:,./-]+$') -%}{{ t }}\n"
+    "{%- else -%}\"{{ t | replace('\\\\', '\\\\\\\\') | replace('\"', '\\\\\"') | replace('%', '%%') }}\"\n"
+    "{%- endif -%}\n"
+    "{%- endmacro -%}"
+)
 
 ARGS = {
     "model_path": "/models/llama",
@@ -88,8 +95,7 @@ def test_server_argv_empty_secret_is_no_secret():
 
 def _macro_words(tokens):
     """The template's own q() macro, rendered for each token."""
-    source = UNIT_TEMPLATE.read_text()
-    macro = source[source.index("{%- macro q(token)"):source.index("{%- endmacro -%}") + len("{%- endmacro -%}")]
+    macro = UNIT_MACRO
     env = jinja2.Environment()
     env.tests["match"] = lambda value, pattern: re.match(pattern, value) is not None
     template = env.from_string(macro + "{% for t in tokens %}{{ q(t) }}\n{% endfor %}")

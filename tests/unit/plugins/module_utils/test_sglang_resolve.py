@@ -20,6 +20,7 @@ if str(PLUGINS_TESTS) not in sys.path:
 from sglang_cases import CASES, INCIDENT, LOG_TOPK1  # noqa: E402 - after tests/unit/plugins is put on sys.path
 
 PACKAGE_DIR = pathlib.Path(engine.__file__).parent
+REPO_COLLECTIONS = pathlib.Path(__file__).resolve().parents[4] / ".collections"
 WHEEL_FLAGS = json.loads((PLUGINS_TESTS / "data" / "sglang_wheel_flags.json").read_text())["flags"]
 
 
@@ -535,33 +536,77 @@ def test_flags_cover_the_reference_flags():
 
 def test_flags_shape():
     for field, spec in flags.FLAGS.items():
-        assert spec["flag"] == "--" + field.replace("_", "-")
+        assert spec["flag"].startswith("--")
         assert spec["type"] in ("int", "float", "str", "bool", "list", "json")
-        assert spec["kind"] in ("store_true", "value", "nargs", "json")
+        assert spec["kind"] in ("store_true", "store_const", "boolopt", "value", "nargs", "json")
         assert all(a.startswith("--") for a in spec["aliases"])
         for key in ("min_version", "max_version"):
             assert spec[key] is None or spec[key] in versions.DOCUMENTED_VERSIONS
         if spec["replaced_by"]:
             assert spec["replaced_by"] in flags.FLAGS
     assert flags.FLAGS["tp_size"]["flag"] == "--tp-size"
+    assert flags.FLAGS["tp_size"]["aliases"] == ["--tensor-parallel-size"]
     assert "--tp" not in [s["flag"] for s in flags.FLAGS.values()] + sum((s["aliases"] for s in flags.FLAGS.values()), [])
-    assert flags.FLAGS["config"]["min_version"] == "0.5.10"
+    assert flags.FLAGS["config"]["min_version"] == "0.5.10" and not flags.FLAGS["config"]["config"]
     assert flags.FLAGS["speculative_adaptive"]["min_version"] == "0.5.23"
-    assert flags.SECRET_ARGS == ("admin_api_key", "api_key")
+    assert not flags.FLAGS["lora_paths"]["config"]
+    assert flags.FLAGS["json_model_override_args"]["type"] == "json"
+    assert flags.FLAGS["enable_tf32_matmul"]["kind"] == "boolopt"
+    assert flags.SECRET_ARGS == ("admin_api_key", "api_key", "ssl_keyfile_password", "watermark_config")
+    assert len(flags.FLAGS) > 550
 
 
 @pytest.mark.parametrize("version", versions.DOCUMENTED_VERSIONS)
-def test_flags_match_the_wheels(version):
-    """FLAGS availability agrees with the flags each released wheel declares."""
+def test_generated_table_matches_the_wheel_capture(version):
+    """The table generated from the real parsers names exactly the option strings that an
+    independent capture (string literals read in each wheel) found, plus the --no-x spellings
+    that argparse's BooleanOptionalAction adds by itself."""
     declared = set(WHEEL_FLAGS[version])
-    wrong = []
-    for field, spec in flags.FLAGS.items():
-        if flags.flag_available(field, version) != (spec["flag"] in declared):
-            wrong.append(field)
-        if flags.flag_available(field, version):
-            wrong.extend(alias for alias in spec["aliases"] if alias not in declared and version != "0.4.6"
-                         and alias not in ("--speculative-draft-model",))
-    assert wrong == []
+    mine = set()
+    for field in flags.FLAGS:
+        spec = flags.spec(field, version)
+        if spec:
+            mine.update(spec["options"])
+        assert (spec is not None) == flags.flag_available(field, version)
+    extra = sorted(o for o in mine - declared if not (o.startswith("--no-") and "--" + o[5:] in declared))
+    assert extra == [] and sorted(declared - mine) == []
+
+
+@pytest.mark.parametrize("field, version, value, ok", [
+    ("attention_backend", "0.4.6", "trtllm_mha", False),
+    ("attention_backend", "0.5.1", "trtllm_mha", True),
+    ("attention_backend", "0.5.23", "trtllm_mha", True),
+    ("attention_backend", "0.5.23", "bogus", False),
+    ("attention_backend", "0.4.6", "fa3", True),
+    ("speculative_algorithm", "0.4.6", "NGRAM", False),
+    ("speculative_algorithm", "0.5.10", "NGRAM", True),
+    ("tp_size", "0.4.6", 8, True),
+])
+def test_choices_per_version(field, version, value, ok):
+    _value, problem = flags.coerce(field, value, version)
+    assert (problem is None) == ok, problem
+    if not ok:
+        assert "invalid choice" in problem and field in problem
+        with pytest.raises(ValueError, match="invalid choice"):
+            render.to_argv({"model_path": "/m", field: value}, version)
+
+
+def test_boolopt_renders_no_flag_for_false():
+    argv = render.to_argv({"model_path": "/m", "enable_tf32_matmul": False}, "0.5.23")
+    assert argv == ["--model-path", "/m", "--no-enable-tf32-matmul"]
+    assert render.to_argv({"model_path": "/m", "enable_tf32_matmul": True}, "0.5.23")[-1] == "--enable-tf32-matmul"
+
+
+def test_table_is_parsed_lazily():
+    """Importing the flag module parses nothing (modules import it on every run)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, %r); "
+            "from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import flags, resolve, render; "
+            "print(bool(flags._TABLE)); flags.FLAGS['tp_size']; print(bool(flags._TABLE))" % str(REPO_COLLECTIONS))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
 
 
 def test_suggestions():
