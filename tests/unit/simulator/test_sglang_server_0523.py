@@ -573,6 +573,11 @@ class TestDisaggregation:
         assert re.search(r'^sglang:num_decode_transfer_queue_reqs\{[^}]*engine_type="decode"[^}]*\} 0\.0$',
                          text, re.M)
         assert decode.request("/model_info").json()["disaggregation_mode"] == "decode"
+        loads = decode.request("/v1/loads?include=disagg").json()["loads"][0]
+        assert loads["disaggregation"]["mode"] == "decode" and loads["disaggregation"]["decode_transfer_queue_reqs"] == 0
+        prom = decode.request("/v1/loads?format=prometheus").body.decode()
+        assert 'sglang_disagg_decode_transfer_queue_reqs{dp_rank="0"} 0' in prom
+        assert 'sglang_num_running_reqs{dp_rank="0"} 0' in prom
 
     def test_allocation_policy_mismatch_fails_the_request(self, start):
         prefill, decode, boot = self.pair(

@@ -548,6 +548,16 @@ class Engine:
                                   "token_capacity": total}
             if self.spec.enabled and (include_all or "spec" in include_set):
                 load["speculative"] = {"accept_length": acc_len, "accept_rate": acc_rate}
+            if include_all or "disagg" in include_set:
+                q = self.pd.queue_depths() if (self.pd is not None and d == 0) else {}
+                load["disaggregation"] = {
+                    "mode": self.disagg_mode(),
+                    "prefill_bootstrap_queue_reqs": q.get("prefill_bootstrap", 0),
+                    "prefill_inflight_queue_reqs": q.get("prefill_inflight", 0),
+                    "decode_prealloc_queue_reqs": q.get("decode_prealloc", 0),
+                    "decode_transfer_queue_reqs": q.get("decode_transfer", 0),
+                    "decode_retracted_queue_reqs": 0,
+                    "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
             if include_all or "queues" in include_set:
                 load["queues"] = {"waiting": tm.waiting[d], "grammar": 0, "paused": 0,
                                   "retracted": 0, "prealloc_ready": 0}

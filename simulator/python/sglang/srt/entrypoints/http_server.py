@@ -368,11 +368,31 @@ class Handler(_Base):
                 self.send_body(422, {"detail": "dp_rank must be an integer"})
                 return
         if self.query.get("format") == "prometheus":
-            lines = []
+            if not engine.knobs.at_least(0, 5, 23):
+                lines = []
+                for l in loads:
+                    for key in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens",
+                                "token_usage", "gen_throughput"):
+                        lines.append(f'sglang:{key}{{dp_rank="{l["dp_rank"]}"}} {float(l[key])}')
+                self.send_body(200, "\n".join(lines) + "\n", "text/plain; version=0.0.4; charset=utf-8")
+                return
+            # v1_loads.py _format_loads_prometheus: every numeric field, sections prefixed
+            prefixes = {"speculative": "spec", "disaggregation": "disagg"}
+            samples = {}
             for l in loads:
-                for key in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens",
-                            "token_usage", "gen_throughput"):
-                    lines.append(f'sglang:{key}{{dp_rank="{l["dp_rank"]}"}} {float(l[key])}')
+                l = dict(l)
+                rank = l.pop("dp_rank")
+                for key, value in l.items():
+                    if isinstance(value, dict):
+                        for sub, v in value.items():
+                            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                                samples.setdefault("sglang_%s_%s" % (prefixes.get(key, key), sub), []).append((rank, v))
+                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                        samples.setdefault("sglang_%s" % key, []).append((rank, value))
+            lines = []
+            for name, pairs in samples.items():
+                lines.append("# TYPE %s gauge" % name)
+                lines += ['%s{dp_rank="%s"} %s' % (name, rank, v) for rank, v in pairs]
             self.send_body(200, "\n".join(lines) + "\n", "text/plain; version=0.0.4; charset=utf-8")
             return
         self.send_body(200, {"timestamp": datetime.now(timezone.utc).isoformat(),
