@@ -53,7 +53,8 @@ EXTRA_QUEUE_KEYS = (("queues", "grammar"),
                     ("disaggregation", "prefill_bootstrap_queue_reqs"),
                     ("disaggregation", "prefill_inflight_queue_reqs"),
                     ("disaggregation", "decode_prealloc_queue_reqs"),
-                    ("disaggregation", "decode_transfer_queue_reqs"))
+                    ("disaggregation", "decode_transfer_queue_reqs"),
+                    ("disaggregation", "decode_retracted_queue_reqs"))
 
 
 class RouterError(Exception):

@@ -1072,7 +1072,7 @@ class Real(object):
         self.procs.append(proc)
         return proc
 
-    def server(self, name, port=None):
+    def server(self, name, port=None, args=()):
         """A simulated SGLang server on its own simulated GPU node; waits until /health is 200."""
         root = self.tmp / name
         root.mkdir()
@@ -1082,7 +1082,7 @@ class Real(object):
         port = port or _closed_port()
         env.update(SIM_FAST, PYTHONPATH=str(SIM_PY), CUDA_VISIBLE_DEVICES="0")
         proc = self._spawn([sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--model-path",
-                            str(self.model)], env, root / "server.log")
+                            str(self.model)] + list(args), env, root / "server.log")
         url = "http://127.0.0.1:%d" % port
         _wait(lambda: _get(url + "/health")[0] == 200, 60, "%s healthy" % name)
         return url, proc
@@ -1199,3 +1199,43 @@ def test_real_router(real, api):
     assert res["changed"] is True and res["reregistered"] is True, res
     assert res["worker"]["status"] == "ready"
     assert _generate(router, 4) == 200
+
+
+def test_real_smg1_pd_mode(real):
+    """smg 1.13.0 in PD mode in front of simulated prefill and decode servers: workers are registered with
+    their role (and a prefill's bootstrap port), and the last-worker check counts Ready workers per role."""
+    router = real.router(_smg1(), ["--pd-disaggregation", "--policy", "round_robin"])
+    boot1, boot2 = _closed_port(), _closed_port()
+    p1, dummy = real.server("p1", args=["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot1)])
+    p2, dummy = real.server("p2", args=["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot2)])
+    d1, dummy = real.server("d1", args=["--disaggregation-mode", "decode"])
+    base = {"router_url": router, "poll_interval": 0.1, "request_timeout": 5, "timeout": 30}
+    for url, config in ((p1, {"worker_type": "prefill", "bootstrap_port": boot1}), (d1, {"worker_type": "decode"})):
+        res = run(dict(base, url=url, worker_config=config))
+        assert res["api_version"] == "1" and res["changed"] is True and res["worker"]["status"] == "ready"
+        assert res["worker"]["worker_type"] == config["worker_type"]
+    listed = _get(router + "/workers")[1]["workers"]
+    assert sorted((w["worker_type"], w.get("bootstrap_port")) for w in listed) == [("decode", None), ("prefill", boot1)]
+    assert _generate(router, 8) == 200          # through both roles
+
+    # The only decode server and the only prefill server are each the last of their role.
+    for url in (d1, p1):
+        res = run(dict(base, url=url, state="absent"), expect_fail=True)
+        assert "last Ready worker" in res["msg"] and "(%s workers)" % ("decode" if url == d1 else "prefill") in res["msg"]
+
+    # With a second prefill, one prefill is rolled out while requests flow through the router.
+    assert run(dict(base, url=p2, worker_config={"worker_type": "prefill", "bootstrap_port": boot2}))["changed"] is True
+    statuses = []
+    threads = [threading.Thread(target=lambda: statuses.extend(_generate(router, 100) for _ in range(5))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    res = run(dict(base, url=p1, state="absent", drain=True, drain_timeout=60))
+    for t in threads:
+        t.join(timeout=120)
+    assert res["changed"] is True and res["ready_peers"] == 1 and res["settle_s"] >= 4.0
+    assert res["load"] == 0 and res["load_source"] == "/v1/loads"
+    assert statuses == [200] * 15, statuses
+    assert sorted(w["url"] for w in r.parse_workers(_get(router + "/workers")[1], "1")) == sorted([p2, d1])
+    # And back, with its role and bootstrap port.
+    res = run(dict(base, url=p1, worker_config={"worker_type": "prefill", "bootstrap_port": boot1}))
+    assert res["changed"] is True and res["worker"]["worker_type"] == "prefill"
