@@ -7,12 +7,13 @@ export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export CONTAINERS_CONF := $(CURDIR)/molecule/containers.conf
 
-.PHONY: help setup sysdeps demo demo-clean test unit integration lint sanity molecule image bench build clean
+.PHONY: help setup sysdeps demo demo-clean test unit integration lint sanity molecule image matrix bench build clean
 
 help:
 	@echo "make demo        redeploy the incident's server on an embedded simulated 8xH200 node"
 	@echo "make demo-clean  stop what the demo started (by PID) and remove .demo/"
 	@echo "make test        the whole suite: unit, integration, lint, sanity, molecule"
+	@echo "make matrix      the support matrix: ansible-core 2.17/2.18, Debian 11/13 nodes, the user install, the EE"
 	@echo "make bench       teardown and fleet benchmarks (prints ratios)"
 	@echo "make build       ansible-galaxy collection build"
 
@@ -39,6 +40,12 @@ molecule: setup sysdeps
 
 image: sysdeps
 	@scripts/build-image.sh
+
+# The support matrix alone (docs/development.md "Support matrix"); make test runs it too.
+matrix: setup sysdeps
+	@$(VENV)/bin/python scripts/run-tests.py image-bullseye image-trixie molecule-bullseye molecule-trixie \
+		core-2.17-unit core-2.18-unit core-2.17-sanity core-2.18-sanity ee-build core-2.17-redeploy \
+		core-2.18-redeploy user-install ee
 
 bench: setup
 	@$(VENV)/bin/python bench/run.py
