@@ -81,8 +81,10 @@ def record(path, run_id, step, now=None, **fields):
         raise ValueError("unknown journal step %r; one of %s" % (step, ", ".join(STEPS)))
     now = time.time() if now is None else now
     entry = read(path)
+    replaced = None
     if "corrupt" in entry:
-        entry = {"replaced_corrupt": entry["corrupt"]}
+        replaced = entry["corrupt"]
+        entry = {}
     history = list(entry.get("history") or [])
     history.append({"run_id": run_id, "step": step, "at": round(now, 3), "detail": fields.get("detail")})
     del history[:-HISTORY_MAX]
@@ -90,6 +92,8 @@ def record(path, run_id, step, now=None, **fields):
         entry = {"previous_run": {"run_id": entry.get("run_id"), "step": entry.get("step"), "at": entry.get("at")}
                  if entry.get("run_id") else None}
         entry["run_started_at"] = round(now, 3)
+    if replaced:
+        entry["replaced_corrupt"] = replaced
     entry.update(format=FORMAT, run_id=run_id, step=step, at=round(now, 3), history=history)
     for key, value in fields.items():
         if value is None:

@@ -177,7 +177,7 @@ def new_record(run_id, controller=None, ttl=DEFAULT_TTL, now=None, node_pid=None
     return record
 
 
-def judge(holder, run_id=None, now=None, local=None, proc_root="/proc"):
+def judge(holder, run_id=None, now=None, local=None, proc_root="/proc", path=None):
     """``(state, reason)`` of a held lease whose holder record is ``holder`` (None: unknown holder).
 
     ``state``: MINE (``run_id`` holds it), LIVE, EXPIRED (deadline passed, nobody acts for it) or
@@ -186,13 +186,22 @@ def judge(holder, run_id=None, now=None, local=None, proc_root="/proc"):
     now = time.time() if now is None else now
     local = local or local_identity()
     if holder is None:
+        # A run writes holder.json right after its mkdir: an empty lease directory older than a few seconds is
+        # what a run killed in between left behind.
+        try:
+            age = time.time() - os.stat(path).st_mtime if path else 0.0     # a file time: real time, not ``now``
+        except OSError:
+            age = 0.0
+        if age > GUARD_STALE_S:
+            return EXPIRED, "the lease directory has had no holder record for %.0f s (a run was killed while taking it)" % age
         return LIVE, "the lease directory has no holder record yet (a run is taking it right now)"
     if run_id and holder.get("owner") == run_id:
         return MINE, "held by this run"
     acting = holder.get("node_pid")
     if acting and same_process_alive(acting, holder.get("node_pid_start"), proc_root):
         return LIVE, "process %s on this node is working for run %s" % (acting, holder.get("owner"))
-    ctl = holder.get("controller") or {}
+    ctl = holder.get("controller")
+    ctl = ctl if isinstance(ctl, dict) else {}
     # Only a controller on this machine, in this PID namespace, can be proven gone by its PID.
     same_machine = ctl.get("boot_id") and ctl.get("boot_id") == local.get("boot_id") and ctl.get("pidns") == local.get("pidns")
     if same_machine and ctl.get("pid"):
@@ -212,9 +221,11 @@ def describe(holder):
     """One line naming the holder: run id, controller, age."""
     if not holder:
         return "an unknown holder (no holder.json yet)"
-    ctl = holder.get("controller") or {}
+    ctl = holder.get("controller")
     where = ""
-    if ctl:
+    if isinstance(ctl, str) and ctl:
+        where = " from controller %s" % ctl
+    elif isinstance(ctl, dict) and ctl:
         where = " from controller %s PID %s" % (ctl.get("host") or "?", ctl.get("pid") or "?")
         if ctl.get("user"):
             where += " (user %s)" % ctl["user"]
@@ -227,7 +238,7 @@ def inspect(path, run_id=None, now=None):
     """``{path, held, owner, holder, state, reason, generation}`` of the lease at ``path``, read-only."""
     held = os.path.isdir(path)
     holder = read_holder(path) if held else None
-    state, reason = (judge(holder, run_id, now) if held else (FREE, "not held"))
+    state, reason = (judge(holder, run_id, now, path=path) if held else (FREE, "not held"))
     return {
         "path": path,
         "held": held,
@@ -256,12 +267,14 @@ def _try_create(path, record):
     return True
 
 
-def _take_over(path, seen, run_id, now_fn):
-    """Remove the lease ``path`` that was judged EXPIRED/DEAD with holder ``seen``; True when removed.
+def _take_over(path, seen, record, now_fn, force=False):
+    """Replace the holder of the lease ``path`` that was judged EXPIRED/DEAD (or broken, ``force``) while its holder
+    record is still ``seen``; True when this run holds the lease now.
 
-    Serialised by a guard directory; the holder is read and judged again under the guard, so a waiter
-    that saw the same lease a moment later never removes the fresh lease the first waiter took since.
-    The lease is renamed away before it is deleted, so ``path`` never exists half-removed.
+    Serialised by a guard directory next to the lease, and the holder is read and judged again under the guard, so
+    that a waiter that saw the same lease a moment later never replaces the fresh holder the first waiter wrote.
+    The lease directory never disappears during a takeover (holder.json is replaced atomically), so no third run
+    can slip in and create a lease in between: the one that ends up holding it is the one that took it over.
     """
     base = path.rstrip("/")
     guard = base + ".takeover"
@@ -280,14 +293,9 @@ def _take_over(path, seen, run_id, now_fn):
         holder = read_holder(path)
         if holder != seen or not os.path.isdir(path):
             return False
-        if judge(holder, run_id, now_fn())[0] not in (EXPIRED, DEAD):
+        if not force and judge(holder, record["owner"], now_fn(), path=path)[0] not in (EXPIRED, DEAD):
             return False
-        trash = "%s.stale-%d-%d" % (base, os.getpid(), int(time.time() * 1000))
-        try:
-            os.rename(path, trash)
-        except OSError:
-            return False
-        shutil.rmtree(trash, ignore_errors=True)
+        _write_holder(path, record)
         return True
     finally:
         try:
@@ -307,7 +315,10 @@ def acquire(path, run_id, controller=None, ttl=DEFAULT_TTL, timeout=0.0, node_pi
     started = clock()
     parent = os.path.dirname(path.rstrip("/"))
     if parent and not os.path.isdir(parent):
-        os.makedirs(parent, 0o755)
+        try:
+            os.makedirs(parent, 0o755)
+        except FileExistsError:
+            pass    # another run made it in the meantime
     took_over = None
     took_reason = None
     delay = 0.1
@@ -318,22 +329,22 @@ def acquire(path, run_id, controller=None, ttl=DEFAULT_TTL, timeout=0.0, node_pi
                     "generation": bump_generation(path), "holder": record,
                     "took_over": took_over, "took_over_reason": took_reason}
         holder = read_holder(path)
-        state, reason = judge(holder, run_id, now_fn())
+        state, reason = judge(holder, run_id, now_fn(), path=path)
         if state == MINE:
             renewed = renew(path, run_id, ttl, node_pid=node_pid, now=now_fn())
             return {"acquired": True, "already_held": True, "waited": round(clock() - started, 3),
                     "generation": read_generation(path), "holder": renewed, "took_over": took_over,
                     "took_over_reason": took_reason}
-        broken = holder is not None and break_lease and break_lease in ("*", holder.get("owner"))
+        broken = bool(break_lease) and (break_lease == "*" or (holder is not None and break_lease == holder.get("owner")))
         if state in (EXPIRED, DEAD) or broken:
-            if broken and state == LIVE:
-                state, reason = "broken", "the operator broke it (sglang_lease_break=%s)" % break_lease
-                if _force_remove(path, holder):
-                    took_over, took_reason = holder, reason
-                    continue
-            elif _take_over(path, holder, run_id, now_fn):
-                took_over, took_reason = holder, reason
-                continue
+            if state not in (EXPIRED, DEAD):
+                reason = "the operator broke it (sglang_lease_break=%s)" % break_lease
+            if _take_over(path, holder, record, now_fn, force=state not in (EXPIRED, DEAD)):
+                return {"acquired": True, "already_held": False, "waited": round(clock() - started, 3),
+                        "generation": bump_generation(path), "holder": record,
+                        "took_over": holder if holder is not None else {"owner": None, "note": "no holder record"},
+                        "took_over_reason": reason}
+            # Another run holds the takeover guard (and is taking the lease over right now): look again shortly.
         left = timeout - (clock() - started)
         if left <= 0:
             raise LeaseBusy(
@@ -344,19 +355,6 @@ def acquire(path, run_id, controller=None, ttl=DEFAULT_TTL, timeout=0.0, node_pi
                 holder=holder, waited=round(clock() - started, 3))
         sleep(min(delay, left))
         delay = min(delay * 1.5, 2.0)
-
-
-def _force_remove(path, seen):
-    """Break a live lease whose holder is still ``seen`` (the operator asked for it)."""
-    if read_holder(path) != seen:
-        return False
-    trash = "%s.broken-%d-%d" % (path.rstrip("/"), os.getpid(), int(time.time() * 1000))
-    try:
-        os.rename(path, trash)
-    except OSError:
-        return False
-    shutil.rmtree(trash, ignore_errors=True)
-    return True
 
 
 def _fmt(value):

@@ -149,7 +149,7 @@ class Preflight(object):
         table = table if table is not None else procfs.process_table(with_cgroup=True)
         managed_pids = [cur["pid"]] if cur["pid"] else []
         record = cur.get("record") or {}
-        recorded = [record.get("pid")] if record.get("pid") else []
+        recorded = [(record.get("pid"), record.get("starttime"))] if record.get("pid") else []
         listening, owners = sockets.port_listeners(launcher.port)
         port_owner = None
         adopt_from_port = []

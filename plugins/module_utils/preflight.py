@@ -149,6 +149,19 @@ def _user(uid):
         return str(uid)
 
 
+def _root(table, pid):
+    """The top-most live ancestor of ``pid`` below init (or a systemd manager): the process tree it belongs to."""
+    cur = table[pid]
+    seen = set()
+    while cur.ppid in table and cur.ppid not in (0, 1) and cur.ppid not in seen:
+        parent = table[cur.ppid]
+        if parent.comm in ("systemd", "init") or parent.exited:
+            break
+        seen.add(cur.pid)
+        cur = parent
+    return cur
+
+
 def _session(table, sid):
     return [p for p, info in table.items() if info.sid == sid]
 
@@ -171,7 +184,16 @@ def classify_holders(table, holder_gpus, managed_pids, managed_unit, recorded_pi
 
     managed = tree_of(managed_pids)
     adopted = tree_of(adopt_pids) | tree_of(port_owner_pids)
-    recorded = set(p for p in recorded_pids if p)
+    recorded = set()
+    for item in recorded_pids or []:
+        pid, start = (item if isinstance(item, (list, tuple)) else (item, None))
+        if not pid:
+            continue
+        # The recorded server's session counts only while that PID was not reused by another process.
+        info = table.get(pid)
+        if info is not None and start is not None and not info.exited and info.starttime != int(start):
+            continue
+        recorded.add(pid)
     out = []
     for pid in sorted(p for p in holder_gpus if p is not None):
         info = table.get(pid)
@@ -196,13 +218,22 @@ def classify_holders(table, holder_gpus, managed_pids, managed_unit, recorded_pi
         elif any(r.search(cmd) for r in adopt_res) or (leader is not None and any(
                 r.search(" ".join(leader.cmdline)) for r in adopt_res)):
             entry.update({"class": "adopted", "why": "matches sglang_adopt_patterns"})
-        elif leader is None or leader.exited:
-            entry.update({"class": "orphan", "why": "its session leader %d is gone: a leftover of a dead server" % info.sid})
         else:
-            members = _session(table, info.sid)
-            entry["ports"] = listening_ports(members)
-            entry["why"] = "another server: session %d led by PID %d (%s)" % (
-                info.sid, leader.pid, " ".join(secret_rules.mask_argv(list(leader.cmdline)))[:200] or leader.comm)
+            root = _root(table, pid)
+            own_ports = listening_ports([pid]) if root.pid == pid else []
+            worker = (info.comm or "").startswith("sglang::")
+            if (leader is None or leader.exited) and root.pid == pid and (worker or not own_ports):
+                # Reparented to init, its session leader gone, and it serves nothing itself: what a dead server
+                # leaves behind (a scheduler that outlived its launcher).
+                entry.update({"class": "orphan", "why": "its session leader %d is gone and it was reparented to init: a "
+                                                        "leftover of a dead server" % info.sid})
+            else:
+                members = set(_session(table, info.sid)) | {root.pid} | set(procfs.descendants(table, root.pid))
+                entry["ports"] = listening_ports(sorted(members))
+                entry["root"] = root.pid
+                entry["why"] = "another server: PID %d (%s)%s" % (
+                    root.pid, " ".join(secret_rules.mask_argv(list(root.cmdline)))[:200] or root.comm,
+                    "" if leader is not None and not leader.exited else ", whose session leader %d is gone" % info.sid)
         out.append(entry)
     return out
 

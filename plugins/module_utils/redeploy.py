@@ -178,7 +178,7 @@ def decide(intended_fp, running, known_good_fp, entry, force=False):
         return {"action": RESTART, "why": "sglang_redeploy_force is set", "recovering": interrupted, "interrupted": interrupted}
     if running.get("fingerprint") and running.get("fingerprint") == intended_fp:
         fresh_candidate = interrupted and (entry.get("candidate") or {}).get("fingerprint") == intended_fp \
-            and entry.get("step") in journal_mod.PAST_TEARDOWN
+            and entry.get("step") in journal_mod.PAST_TEARDOWN | {journal_mod.INTERRUPTED}
         if known_good_fp == intended_fp and not fresh_candidate and running.get("healthy") is not False:
             return {"action": NONE, "why": "the healthy server already runs the promoted (known-good) intended config",
                     "recovering": False, "interrupted": interrupted}

@@ -41,7 +41,8 @@ RULES = {
 
 
 def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not (isinstance(value, float) and math.isnan(value))
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+        isinstance(value, float) and (math.isnan(value) or math.isinf(value)))
 
 
 def _coerce(kind, value):

@@ -73,21 +73,30 @@ def assert_good_server_serves(node):
 # 1. An interrupted run never leaves an unverified server reported as fine
 # --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("how", ["sigkill", "sigint", "sigterm"])
+@pytest.mark.parametrize("how", ["sigkill-controller", "ctrl-c", "awx-cancel", "sighup-module"])
 def test_interrupted_while_the_candidate_starts_then_the_rerun_verifies_and_rolls_back(node, how):
+    """SIGKILL of the controller's process group, Ctrl-C (SIGINT to the group), an AWX cancel (SIGTERM to the group),
+    and the end of the module's connection as a remote node sees it (SIGHUP to the module process itself, by the PID
+    the lease names). Ansible's workers run the module in their own session, so signals to the controller's group
+    do not reach it: the module finishes its step on the node (or is stopped by its hangup) and the journal says
+    which step the node reached."""
     hv = bad_vars(node, server_env={"SGLANG_SIM_STARTUP_S": "3"})
     ctl = node.spawn_playbook(host_vars=hv)
     entry = ctl.wait_for_step("launching")
     assert entry["candidate"]["fingerprint"] != known_good_fingerprint(node)
-    sig = {"sigkill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM}[how]
+    if how == "sighup-module":
+        module_pid = node.lease_holder()["node_pid"]
+        assert module_pid and alive(module_pid)
+        os.kill(module_pid, signal.SIGHUP)
+        wait_for(lambda: node.journal()["step"] == "interrupted", 30, what="the module to record its interruption")
+        assert "launching" in node.journal()["detail"], node.journal()
+    sig = {"sigkill-controller": signal.SIGKILL, "ctrl-c": signal.SIGINT, "awx-cancel": signal.SIGTERM,
+           "sighup-module": signal.SIGKILL}[how]
     ctl.kill(sig, group=True)
     rc = ctl.wait()
     assert rc != 0
     journal = node.journal()
-    assert journal["step"] in ("launching", "interrupted"), journal
-    if how != "sigkill":
-        # The module itself caught the signal and said so in the journal.
-        assert journal["step"] == "interrupted" and "launching" in journal.get("detail", ""), journal
+    assert journal["step"] in ("launching", "launched", "interrupted"), journal
     candidate = journal.get("candidate", entry["candidate"])
     assert alive(candidate["pid"]), "the candidate server should still be starting on its own"
 

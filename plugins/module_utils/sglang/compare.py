@@ -177,13 +177,33 @@ def scan_log(text, version, secrets=()):
 _CONFIG_LINE_RE = re.compile(r'^([A-Za-z0-9_-]+):\s*(.*?)\s*$')
 
 
+_YAML_UNESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t", "r": "\r", "0": "\0", "/": "/", " ": " ",
+                   "a": "\a", "b": "\b", "e": "\x1b", "f": "\f", "v": "\v"}
+
+
 def _yaml_unquote(text):
+    """A YAML scalar as ``render.yaml_quote`` writes it: double-quoted with escapes (read left to right, so an
+    escaped backslash before a ``0`` stays a backslash and a ``0``), single-quoted, or plain."""
     if len(text) >= 2 and text[0] == text[-1] == '"':
-        body = text[1:-1].replace("\\0", "\\u0000")
-        try:
-            return json.loads('"%s"' % body)
-        except ValueError:
-            return body
+        body, out, i = text[1:-1], [], 0
+        while i < len(body):
+            char = body[i]
+            if char != "\\" or i + 1 >= len(body):
+                out.append(char)
+                i += 1
+                continue
+            code = body[i + 1]
+            width = {"x": 2, "u": 4, "U": 8}.get(code)
+            if width:
+                try:
+                    out.append(chr(int(body[i + 2:i + 2 + width], 16)))
+                    i += 2 + width
+                    continue
+                except ValueError:
+                    pass
+            out.append(_YAML_UNESCAPES.get(code, "\\" + code))
+            i += 2
+        return "".join(out)
     if len(text) >= 2 and text[0] == text[-1] == "'":
         return text[1:-1].replace("''", "'")
     return text

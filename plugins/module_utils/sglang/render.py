@@ -231,7 +231,7 @@ def _config_token(path):
 _SYSTEMD_BARE = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 
 
-def systemd_quote(token):
+def systemd_quote(token, exec_word=True):
     """One ExecStart word: bare when it is plainly safe, else double-quoted.
 
     Inside the quotes ``\\`` becomes ``\\\\``, ``"`` becomes ``\\"`` and ``%``
@@ -246,7 +246,10 @@ def systemd_quote(token):
                          "cannot carry; remove it" % (text,))
     if _SYSTEMD_BARE.match(text):
         return text
-    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    quoted = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    # An ExecStart word: "$" too, since systemd substitutes $NAME and ${NAME} there even inside quotes ("$$" is a
+    # literal "$"). Environment= assignments are not substituted (exec_word=False).
+    return '"%s"' % (quoted.replace("$", "$$") if exec_word else quoted)
 
 
 def systemd_exec_start(python, argv):

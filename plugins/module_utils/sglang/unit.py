@@ -18,15 +18,20 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import rend
 
 IDENTITY_PREFIX = "# gpufleet-identity: "
 _IDENTITY_RE = re.compile(r"^# gpufleet-identity: (\S+)\s*$", re.MULTILINE)
-_quote = render.systemd_quote
+def _path(path):
+    return str(path).replace("%", "%%")
 
 
 def render_unit(name, version, python, flags, env, fingerprint, user="", group="", environment_files=(),
                 stop_timeout=120, chdir=None):
     """The unit file text. ``env`` holds no secret values (those go through an EnvironmentFile)."""
-    for value in [name, version, python, user, group, chdir or ""] + list(environment_files):
-        if "\n" in str(value) or "\r" in str(value):
-            raise ValueError("a newline in %r cannot go into a systemd unit" % (value,))
+    fields = [("name", name), ("version", version), ("python", python), ("user", user), ("group", group),
+              ("chdir", chdir or ""), ("fingerprint", fingerprint)]
+    fields += [("environment_files (EnvironmentFile)", path) for path in environment_files]
+    for field, value in fields:
+        if any(ch in str(value) for ch in "\n\r\0"):
+            raise ValueError("%s: %r holds a newline, carriage return or NUL, which a systemd unit line cannot carry; "
+                             "remove it" % (field, value))
     lines = [
         "# Managed by gpufleet.sglang: rendered by the sglang_replace/sglang_launch module; do not edit.",
         "# Instance: %s; SGLang %s" % (name, version),
@@ -43,16 +48,17 @@ def render_unit(name, version, python, flags, env, fingerprint, user="", group="
         lines.append("User=%s" % user)
     if group:
         lines.append("Group=%s" % group)
+    # systemd takes these two paths as written (no unquoting); only its % specifiers need escaping.
     if chdir:
-        lines.append("WorkingDirectory=%s" % _quote(chdir))
+        lines.append("WorkingDirectory=%s" % _path(chdir))
     for path in environment_files:
         if path:
-            lines.append("EnvironmentFile=%s" % _quote(path))
+            lines.append("EnvironmentFile=%s" % _path(path))
     for key in sorted(env):
         value = "" if env[key] is None else str(env[key])
         if "\n" in value or "\r" in value:
             raise ValueError("the environment variable %s holds a newline, which a systemd unit cannot carry" % key)
-        lines.append("Environment=%s" % _quote("%s=%s" % (key, value)))
+        lines.append("Environment=%s" % render.systemd_quote("%s=%s" % (key, value), exec_word=False))
     lines += [
         "ExecStart=%s" % render.systemd_exec_start(python, flags),
         "# SGLang drains on SIGTERM and stops its own schedulers (docs/reference/sglang-processes.md):",

@@ -103,7 +103,12 @@ def _macro_words(tokens):
 
 
 def test_systemd_quote_is_the_template_macro():
-    assert [render.systemd_quote(t) for t in HOSTILE] == _macro_words(HOSTILE)
+    # The old unit template's q() macro, except for "$", which it left for systemd to substitute (a bug):
+    # an ExecStart word doubles it, an Environment= assignment (no substitution there) keeps it.
+    plain = [t for t in HOSTILE if "$" not in t]
+    assert [render.systemd_quote(t) for t in plain] == _macro_words(plain)
+    assert [render.systemd_quote(t, exec_word=False) for t in HOSTILE] == _macro_words(HOSTILE)
+    assert all("$$" in render.systemd_quote(t) for t in HOSTILE if "$" in t)
 
 
 @pytest.mark.parametrize("token, quoted", [
@@ -114,7 +119,8 @@ def test_systemd_quote_is_the_template_macro():
     ("back\\slash", '"back\\\\slash"'),
     ("50%", '"50%%"'),
     ("", '""'),
-    ("$HOME", '"$HOME"'),
+    ("$HOME", '"$$HOME"'),
+    ("${MODEL}.jinja", '"$${MODEL}.jinja"'),
 ])
 def test_systemd_quote_examples(token, quoted):
     assert render.systemd_quote(token) == quoted
@@ -127,10 +133,10 @@ def test_systemd_quote_refuses_line_breaks(token):
 
 
 def _systemd_split(line):
-    """Undo systemd's quoting for the words this renderer produces (quotes, \\\\, \\", %%)."""
+    """Undo systemd's quoting for the words this renderer produces (quotes, \\\\, \\", %%, $$)."""
     words = []
-    for word in shlex.split(line.replace("%%", "\0"), posix=True):
-        words.append(word.replace("\0", "%"))
+    for word in shlex.split(line.replace("%%", "\0").replace("$$", "\1"), posix=True):
+        words.append(word.replace("\0", "%").replace("\1", "$"))
     return words
 
 

@@ -93,8 +93,10 @@ def exec_words(value, env=None):
         if re.match(r"^\$[A-Za-z_][A-Za-z0-9_]*$", word):
             out.extend(env.get(word[1:], "").split())
             continue
-        word = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""), word)
-        out.append(word.replace("$$", "$"))
+        # Left to right, as systemd does: "$$" is a literal "$", "${NAME}" is substituted.
+        word = re.sub(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}",
+                      lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), ""), word)
+        out.append(word)
     return out
 
 
