@@ -242,8 +242,8 @@ class _Drain(object):
             self.fail('%s: gpus: %s' % (PREFIX, '; '.join(errors)))
         for gpu in targets:
             if gpu.get('lost'):
-                self.warn('%s is lost (%s): its processes cannot be listed' % (gpu_query.gpu_label(gpu),
-                                                                                 gpu.get('lost_reason')))
+                self.warn('%s is lost (%s): its processes cannot be listed'
+                          % (gpu_query.gpu_label(gpu), gpu.get('lost_reason')))
         target_holders = gpu_query.holders(targets)
         target_pids = set(target_holders)
         all_holders = gpu_query.holders(snap['gpus'])

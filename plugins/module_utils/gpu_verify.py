@@ -214,9 +214,10 @@ def diagnose(gpu, problems, params, waited, device_users=None):
         entry['device_users'] = sorted(device_users)
         return entry
     entry['kind'] = 'orphaned'
-    mig = ' (MIG mode: idle up to %d MiB)' % gpu_query.idle_limit(gpu, params['max_used_mib'],
-                                                                 params.get('mig_max_used_mib')) \
-        if gpu_query.mig_enabled(gpu) else ''
+    mig = ''
+    if gpu_query.mig_enabled(gpu):
+        limit = gpu_query.idle_limit(gpu, params['max_used_mib'], params.get('mig_max_used_mib'))
+        mig = ' (MIG mode: idle up to %d MiB)' % limit
     entry['summary'] = '%s: %d MiB held by no process %s%s (orphaned context); a GPU reset is needed' % (
         label, used, after, mig)
     entry['hint'] = '%s: %s (gpufleet.sglang.gpu_drain reset_orphaned=true does this when it is safe)' % (

@@ -121,8 +121,9 @@ def cmd_init(a) -> int:
                          "(PIDs %s); their memory is no longer counted\n"
                          % (len(live), ", ".join(str(h["pid"]) for h in live)))
     cfg = n.config()
-    print("initialised %d x %s%s (driver %s) at %s" % (len(cfg["gpus"]), _node.MODELS[a.model]["name"],
-                                                     " in MIG mode" if a.mig else "", cfg["driver_version"], n.root))
+    print("initialised %d x %s%s (driver %s) at %s" % (
+        len(cfg["gpus"]), _node.MODELS[a.model]["name"], " in MIG mode" if a.mig else "", cfg["driver_version"],
+        n.root))
     return 0
 
 

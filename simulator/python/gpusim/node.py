@@ -56,9 +56,10 @@ LOST_REASONS = ("Unknown Error", "Not Found", "GPU is lost.  Reboot the system t
 
 def driver_major(version) -> int:
     try:
-        return int(str(version).split(".")[0])
+        return int(str(version).split(".", 1)[0])
     except ValueError:
         return 0
+
 
 # docs/reference/nvidia-smi.md §1.2: totals and names of common parts.
 MODELS = {
@@ -86,6 +87,7 @@ def preset_reserved_mib(model: str, driver_version: str) -> int:
 def preset_idle_used_mib(driver_version: str) -> int:
     """0 MiB on an idle GPU of driver 580 and later (H200, 590.48.01), 1 MiB before (H100, 550.90.07)."""
     return 0 if driver_major(driver_version) >= 580 else DEFAULT_IDLE_USED_MIB
+
 
 # PCI buses of the eight GPUs of a typical HGX H100/H200 baseboard.
 HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)

@@ -490,8 +490,8 @@ def table(out, snap, sel):
     out.w("|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|\n")
     for g in ok:
         pm = "On" if g.get("persistence_mode", "Enabled") == "Enabled" else "Off"
-        out.w("|%4d  %-29s%4s  |   %-16s %3s | %20s |\n" % (g["index"], _gpu_name_cell(g["name"]), pm,
-                                                              g["pci_bus_id"], "Off", "0"))
+        out.w("|%4d  %-29s%4s  |   %-16s %3s | %20s |\n"
+              % (g["index"], _gpu_name_cell(g["name"]), pm, g["pci_bus_id"], "Off", "0"))
         if g.get("lost"):
             fan, temp, perf, power, mem, util = "ERR!", "ERR!", "ERR!", "ERR! /  ERR!", "ERR!", "ERR!"
             out.w("|%4s%6s%6s%24s |%23s | %7s%13s |\n" % (fan, temp, perf, power, mem, util, "Default"))

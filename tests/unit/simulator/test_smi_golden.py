@@ -58,7 +58,7 @@ def test_lost_gpu_line_byte_for_byte(make_sim, name, driver, index, gpus, bus, r
     r = s.smi("--query-gpu=index", "--format=csv,noheader")
     assert r.rc == 15
     assert r.lines[0] + "\n" == capture(name)
-    assert [line for line in r.lines[1:]] == [str(i) for i in range(gpus) if i != index]   # the others answer
+    assert r.lines[1:] == [str(i) for i in range(gpus) if i != index]   # the others answer
 
 
 def test_gpu_is_lost_text_differs_from_the_capture_only_in_its_spacing(make_sim):

@@ -345,7 +345,7 @@ def test_is_supervisor_and_ansible_detection():
 
 def test_holder_lines_for_diff():
     text = drain.holder_lines([{"pid": 5, "name": "x", "gpus": [0, 1], "used_mib": None},
-                             {"pid": 4, "name": None, "gpus": [2], "used_mib": 10}])
+                               {"pid": 4, "name": None, "gpus": [2], "used_mib": 10}])
     assert text == "PID 4 ? on GPU 2: 10 MiB\nPID 5 x on GPU 0,1: ?\n"
     assert drain.holder_lines([]) == ""
 
@@ -399,8 +399,8 @@ def test_cgroup_members_of_a_service_are_taken_and_shells_in_a_session_are_refus
     t = table(*sglang_tree(main_sid=2000, main_pgid=2000, unit="sglang-main.service"))
     t[2010] = P(2010, 1, "python3", ["python3", "helper.py"], pgid=2010, sid=2010, unit="sglang-main.service")
     t[2011] = P(2011, 1, "sh", ["/bin/sh", "-c", "sleep 100"], pgid=2000, sid=2000)
-    plan = gd.plan_drain(t, holders(H(2001)), ctx(unit_main_pids={"sglang-main.service": 2000},
-                                                   unit_cgroups={"sglang-main.service": SVC}))
+    context = ctx(unit_main_pids={"sglang-main.service": 2000}, unit_cgroups={"sglang-main.service": SVC})
+    plan = gd.plan_drain(t, holders(H(2001)), context)
     assert plan["roots"] == [2000]
     assert plan["targets"][2010]["role"] == "member" and "cgroup of sglang-main.service" in plan["targets"][2010]["how"]
     assert 2011 not in plan["targets"] and "shell" in reasons(plan)[2011]

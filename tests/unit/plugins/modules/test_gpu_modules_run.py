@@ -361,9 +361,8 @@ def test_diagnose_d_state_and_zombie(monkeypatch):
         12: procfs.ProcInfo(12, ppid=99, state="Z", comm="python3", cmdline=[]),
     }
     monkeypatch.setattr(gpu_verify.procfs, "read_proc", lambda pid, root, with_cgroup=True: infos.get(pid))
-    entry = gpu_verify.diagnose(gpu(used_mib=9000, processes=[{"pid": 11, "used_mib": 8000, "name": "python3"},
-                                                       {"pid": 12, "used_mib": 1000, "name": "python3"}]),
-                         ["used", "processes"], FREE, 120)
+    listed = [{"pid": 11, "used_mib": 8000, "name": "python3"}, {"pid": 12, "used_mib": 1000, "name": "python3"}]
+    entry = gpu_verify.diagnose(gpu(used_mib=9000, processes=listed), ["used", "processes"], FREE, 120)
     assert entry["kind"] == "held"
     assert entry["summary"] == ("GPU 0: 9000 MiB held by PID 11 (python3: python3 -m sglang.launch_server --api-key "
                                 "********, state D (uninterruptible sleep)), PID 12 (python3, exited; parent 99 has "
@@ -379,11 +378,11 @@ def test_diagnose_other_kinds():
     unknown = gpu_verify.diagnose(gpu(unknown_fields={"processes": "[Unknown Error]"}), ["unknown"], FREE, 1)
     assert unknown["summary"] == "GPU 0: the process list is unknown ([Unknown Error]) after 1 s"
     unknown_used = gpu_verify.diagnose(gpu(used_mib=None, unknown_fields={"memory.used": "[N/A]"},
-                                    processes=[{"pid": None, "name": "x"}]), ["unknown"], FREE, 1)
+                                           processes=[{"pid": None, "name": "x"}]), ["unknown"], FREE, 1)
     assert "used memory is unknown ([N/A])" in unknown_used["summary"]
     assert "a process without PID (x)" in unknown_used["summary"]
     alloc = gpu_verify.diagnose(gpu(used_mib=None, unknown_fields={"memory.used": "[N/A]"}), ["unknown"],
-                         dict(FREE, state="allocated", min_used_mib=10), 3)
+                                dict(FREE, state="allocated", min_used_mib=10), 3)
     assert alloc["kind"] == "unknown" and "memory.used is unknown ([N/A])" in alloc["summary"]
 
 
