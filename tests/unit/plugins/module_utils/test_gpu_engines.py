@@ -219,7 +219,9 @@ def test_expected_pids_fail_before_anything_is_signalled_and_name_the_holder(nod
 
 def test_secrets_in_a_holders_command_line_never_leave_the_module(node, subreaper, capsys):
     holder = start_server(node, subreaper, "live", gpu=3,
-                          extra_args=["--hf-token", SECRET, "--api-key", KEY, "HF_TOKEN=" + SECRET])
+                          extra_args=["--hf-token", SECRET, "--api-key", KEY, "HF_TOKEN=" + SECRET,
+                                      "--admin-api-key=" + KEY, "--model-path", "https://bob:%s@hub.example/m" % SECRET,
+                                      "--tokenizer-path", "https://hub.example/t?access_token=%s" % SECRET])
     args = {"gpus": [3], "device_paths": [node["dev"]], "_ansible_check_mode": True}
     with patch_module_args(args):
         with pytest.raises(SystemExit):
@@ -229,6 +231,8 @@ def test_secrets_in_a_holders_command_line_never_leave_the_module(node, subreape
     res = json.loads(out)
     root = [e for e in res["signalled"] if e["pid"] == holder["server"]][0]
     assert "--hf-token ******** --api-key ********" in root["cmdline"] and "HF_TOKEN=********" in root["cmdline"]
+    assert "--admin-api-key=********" in root["cmdline"] and "https://bob:********@hub.example/m" in root["cmdline"]
+    assert "?access_token=********" in root["cmdline"]
     assert filter_mask(res) == res                                       # the filter finds nothing left to mask
     raw = " ".join(procfs.read_cmdline(holder["server"]))
     assert SECRET in raw and SECRET not in filter_mask(raw)
