@@ -156,7 +156,8 @@ def spec(field, version=None):
     if raw is None:
         return None
     return {"type": raw["t"], "kind": raw["k"], "nargs": raw["n"], "choices": raw["c"], "default": raw["d"],
-            "required": raw["r"], "options": list(raw["o"]), "parser": raw["p"], "config": bool(raw["cfg"])}
+            "required": raw["r"], "options": list(raw["o"]) + [o for x in raw.get("x", ()) for o in x["o"]],
+            "parser": raw["p"], "config": bool(raw["cfg"])}
 
 
 def flag_available(field, version):

@@ -140,8 +140,9 @@ class _Stop(Exception):
 
 
 class _Resolver(object):
-    def __init__(self, args, version, arch, policy, draft_arch, env):
+    def __init__(self, args, version, arch, policy, draft_arch, env, gpu=None):
         self.version = version
+        self.gpu = gpu or normalize_gpu(None)
         self.arch = arch
         self.draft_arch = draft_arch
         self.policy = policy
@@ -986,7 +987,45 @@ class _Resolver(object):
                 "set. Fix: %s" % (field, fmt(intended), self.sglang(), fmt(final), rule["rule"], rule["doc"], fix))
 
 
-def resolve(args, version=DEFAULT_VERSION, arch=None, policy=DEFAULT_POLICY, draft_arch=None, env=None):
+DEFAULT_GPU = {"name": "NVIDIA H200", "compute_capability": "9.0", "memory_mib": 143771, "count": 8}
+
+
+def normalize_gpu(gpu):
+    """GPU facts as nvidia-smi gives them -> {name, major, minor, memory_mib, count, given}.
+
+    ``compute_capability`` may be "9.0", 9.0, 10 or [9, 0]. None means the default
+    (an H200, SM 9.0, 143771 MiB) with ``given`` False, so that the outcomes that
+    depend on the GPU are noted instead of silently guessed.
+    """
+    given = gpu is not None
+    facts = dict(DEFAULT_GPU)
+    if given:
+        if not hasattr(gpu, "get"):
+            raise ValueError("gpu must be a dict {name, compute_capability, memory_mib, count}, got %s %r"
+                             % (type(gpu).__name__, gpu))
+        facts.update(dict((k, v) for k, v in plain(dict(gpu)).items() if v is not None))
+    capability = facts.get("compute_capability")
+    if isinstance(capability, (list, tuple)) and capability:
+        major, minor = int(capability[0]), int(capability[1]) if len(capability) > 1 else 0
+    else:
+        text = str(capability).strip()
+        try:
+            major_text, _sep, minor_text = text.partition(".")
+            major, minor = int(major_text), int(minor_text or 0)
+        except ValueError:
+            raise ValueError("gpu.compute_capability must look like '9.0' (nvidia-smi --query-gpu=compute_cap), "
+                             "got %r" % (capability,))
+    try:
+        memory = int(float(facts.get("memory_mib")))
+        count = int(facts.get("count"))
+    except (TypeError, ValueError):
+        raise ValueError("gpu.memory_mib and gpu.count must be numbers, got %r and %r"
+                         % (facts.get("memory_mib"), facts.get("count")))
+    return {"name": str(facts.get("name")), "major": major, "minor": minor, "memory_mib": memory, "count": count,
+            "given": given}
+
+
+def resolve(args, version=DEFAULT_VERSION, arch=None, policy=DEFAULT_POLICY, draft_arch=None, env=None, gpu=None):
     """Resolve intended SGLang args the way SGLang ``version`` would.
 
     :param args: dict of SGLang field names (snake_case) to intended values.
@@ -996,6 +1035,10 @@ def resolve(args, version=DEFAULT_VERSION, arch=None, policy=DEFAULT_POLICY, dra
     :param policy: ``mirror``, ``honor_draft_tokens`` (default) or ``strict``.
     :param draft_arch: the draft model's ``architectures[0]`` (Gemma4 promotion, §2).
     :param env: the server's environment variables (0.5.10 reads SGLANG_ENABLE_SPEC_V2).
+    :param gpu: GPU facts {name, compute_capability, memory_mib, count} (see
+        normalize_gpu); the default attention backend and what trtllm_mha
+        allows depend on them (sglang-rules.md §11). None: an H200 is assumed
+        and every outcome that depends on the GPU is noted.
     :returns: ``{"args", "adjustments", "errors", "notes"}``.
     :raises ValueError: only for malformed input (non-dict args, unparseable
         version, unknown policy, non-string arch); SGLang configuration errors
@@ -1016,7 +1059,7 @@ def resolve(args, version=DEFAULT_VERSION, arch=None, policy=DEFAULT_POLICY, dra
         if not isinstance(key, str):
             raise ValueError("SGLang arg names must be strings, got %s %r" % (type(key).__name__, key))
     resolver = _Resolver(args, str(version), str(arch) if arch else None, policy,
-                         str(draft_arch) if draft_arch else None, env)
+                         str(draft_arch) if draft_arch else None, env, normalize_gpu(gpu))
     return resolver.run()
 
 
@@ -1050,3 +1093,128 @@ def explain(arg, intended, running, version=DEFAULT_VERSION, args=None, arch=Non
 
 def _secret_args():
     return tuple(k for k, v in FLAGS.items() if v["secret"])
+
+
+# ---------------------------------------------------------------------------
+# The plan: the policy through the mirror, then the node's own SGLang (the oracle)
+# ---------------------------------------------------------------------------
+ORACLE_POLICIES = ("auto", "node", "mirror")
+
+
+def _oracle_error_line(version, error):
+    return "SGLang %s on the node refuses the arguments at startup: %s: %s" % (
+        version, error.get("type") or "Error", error.get("message") or "(no message)")
+
+
+def _compared_fields(rendered, mirror_args):
+    fields = [k for k in rendered if not (k in FLAGS and FLAGS[k]["secret"])]
+    fields += [k for k in mirror_args if k not in fields and not (k in FLAGS and FLAGS[k]["secret"])]
+    return fields
+
+
+def _log_for(rule, warnings):
+    if not rule or rule not in R_.BY_ID:
+        return None
+    for line in warnings:
+        for pattern in R_.BY_ID[rule]["logs"]:
+            if pattern["text"] in line:
+                return line
+    return None
+
+
+def plan_resolution(args, version=DEFAULT_VERSION, arch=None, policy=DEFAULT_POLICY, gpu=None, draft_arch=None,
+                    env=None, oracle=None, oracle_policy="auto"):
+    """What the server will run: the policy applied through the mirror, then the node's SGLang asked.
+
+    ``oracle`` is a callable ``oracle(rendered_args) -> answer`` (for example
+    ``lambda a: oracle.resolve_on_node(python, a, version, gpu, env)``); it may
+    raise ``oracle.OracleUnavailable``. ``oracle_policy``: ``mirror`` never
+    asks it; ``auto`` falls back to the mirror when it is unavailable and says
+    why; ``node`` makes that an error.
+
+    Returns ``{"source": "node"|"mirror", "fallback_reason", "args" (the
+    effective config), "rendered" (what is rendered), "adjustments", "errors",
+    "notes", "log" (SGLang's own warning lines), "disagreements" (mirror vs
+    node per field), "mirror" (the mirror's prediction), "node" (the oracle's
+    answer or None)}``. Adjustments are the policy's (intended -> rendered)
+    followed by SGLang's (rendered -> running); an SGLang adjustment carries
+    the mirror's rule id when the mirror explains the same change, else None.
+    """
+    if oracle_policy not in ORACLE_POLICIES:
+        raise ValueError("oracle_policy must be one of %s, got %r" % (", ".join(ORACLE_POLICIES), oracle_policy))
+    planned = resolve(args, version, arch=arch, policy=policy, draft_arch=draft_arch, env=env, gpu=gpu)
+    rendered = planned["args"]
+    predicted = resolve(rendered, version, arch=arch, policy="mirror", draft_arch=draft_arch, env=env, gpu=gpu)
+    policy_errors = [e for e in planned["errors"] if e not in predicted["errors"]]
+    policy_adjustments = [a for a in planned["adjustments"] if a["rule"].startswith("policy.")]
+    result = {
+        "source": "mirror", "fallback_reason": None, "rendered": rendered, "args": dict(planned["args"]),
+        "adjustments": list(planned["adjustments"]), "errors": list(planned["errors"]),
+        "notes": list(planned["notes"]), "log": [a["log"] for a in planned["adjustments"] if a["log"]],
+        "disagreements": [], "mirror": predicted, "node": None,
+    }
+    if oracle is None or oracle_policy == "mirror":
+        result["fallback_reason"] = "oracle_policy mirror" if oracle_policy == "mirror" else "no node oracle given"
+        return result
+    try:
+        answer = oracle(rendered)
+    except Exception as exc:  # OracleUnavailable, or anything the runner could not turn into an answer
+        reason = str(exc) or type(exc).__name__
+        if oracle_policy == "node":
+            result["errors"].append("%s; oracle_policy node does not fall back to the mirror (use auto to allow it)"
+                                    % reason)
+            result["source"] = "none"
+        result["fallback_reason"] = reason
+        result["notes"].append("resolved by the collection's mirror of SGLang %s: %s" % (version, reason))
+        return result
+    result["source"] = "node"
+    result["node"] = answer
+    warnings = list(answer.get("warnings") or [])
+    result["log"] = warnings
+    result["notes"].append("resolved by the node's SGLang %s (%s)" % (answer.get("sglang_version"), answer.get("python")))
+    if not answer.get("ok"):
+        error = answer.get("error") or {}
+        result["errors"] = policy_errors + [_oracle_error_line(answer.get("sglang_version") or version, error)]
+        result["args"] = dict(rendered)
+        result["adjustments"] = policy_adjustments
+        if not predicted["errors"]:
+            result["disagreements"].append({"arg": None, "mirror": "starts", "node": "refuses: %s" % error.get("message")})
+        return result
+    node_args = answer.get("args") or {}
+    effective = {}
+    adjustments = list(policy_adjustments)
+    for field in _compared_fields(rendered, predicted["args"]):
+        if field not in node_args:
+            continue  # a field this release does not report (the mirror's own bookkeeping)
+        running = node_args[field]
+        effective[field] = running
+        before = rendered.get(field)
+        if field in rendered and same(before, running):
+            continue
+        if field not in rendered and before is None and predicted["args"].get(field) is None and running is None:
+            continue
+        if field not in rendered and not any(a["arg"] == field for a in predicted["adjustments"]):
+            continue  # an SGLang default the plan never rendered nor predicted
+        rule = R_.find_rule(predicted["adjustments"], field, running)
+        adjustments.append({"arg": field, "from": before, "to": running, "rule": rule,
+                            "doc": R_.doc_ref(rule) if rule else None, "log": _log_for(rule, warnings)})
+    for field, mirror_value in predicted["args"].items():
+        if field in node_args and not same(mirror_value, node_args[field]) and not (field in FLAGS and FLAGS[field]["secret"]):
+            result["disagreements"].append({"arg": field, "mirror": mirror_value, "node": node_args[field]})
+    if predicted["errors"]:
+        result["disagreements"].append({"arg": None, "mirror": "refuses: %s" % predicted["errors"][0], "node": "starts"})
+    errors = list(policy_errors)
+    if policy == "strict":
+        raw = plain(dict(args))
+        for adj in adjustments:
+            if adj["arg"] in raw and raw[adj["arg"]] is not None and not adj["rule"] == "policy.honor_draft_tokens" \
+                    and not same(raw[adj["arg"]], adj["to"]):
+                line = ("%s: intended %s, but the node's SGLang %s runs %s%s; policy strict forbids changing a value you "
+                        "set" % (adj["arg"], fmt(raw[adj["arg"]]), answer.get("sglang_version"), fmt(adj["to"]),
+                                 " (rule %s)" % adj["rule"] if adj["rule"] else ""))
+                if not any(e.startswith(adj["arg"] + ": intended") for e in errors):
+                    errors.append(line)
+    result["errors"] = errors
+    result["args"] = dict(rendered, **effective)
+    result["adjustments"] = adjustments
+    return result
