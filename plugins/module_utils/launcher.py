@@ -32,6 +32,7 @@ import time
 from ansible_collections.gpufleet.sglang.plugins.module_utils import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils import redeploy
 from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics as metrics
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
@@ -668,6 +669,7 @@ class Launcher(object):
         if state["healthy"]:
             if started and self.started_at is not None:
                 res["startup_s"] = round(time.monotonic() - self.started_at, 3)
+                self.record_startup(log_offset)
             if self.p["check_config"]:
                 self.verify(log_offset, self.started_wall)
             return
@@ -715,6 +717,31 @@ class Launcher(object):
             % (self.name, num_text(timeout), url, state["last"], what, len(tail), short_lines(tail)),
             log_tail=tail, server_exited=bool(res.get("stop")))
 
+    def record_startup(self, log_offset):
+        """The server's own startup phases (``/metrics`` with --enable-metrics, else its "Engine startup timings" log
+        line), kept in ``<state_dir>/startup.json`` so that the next launch's health budget follows this one."""
+        phases = {}
+        if self.args.get("enable_metrics"):
+            try:
+                status, _h, body = http.request("GET", self.url + "/metrics", api_key=self.api_key, timeout=10)
+                if status == 200 and isinstance(body, str):
+                    phases = metrics.startup_phases_from_metrics(body) or {}
+            except http.HTTPConnectionError:
+                phases = {}
+        if not phases:
+            try:
+                phases = metrics.startup_phases_from_log(self.log_text(log_offset, self.started_wall)) or {}
+            except Exception:  # noqa: BLE001 - a log line in an unknown format only costs the budget
+                phases = {}
+        self.result["startup_phases"] = phases
+        if phases:
+            try:
+                sp.write_private(os.path.join(self.state_dir, "startup.json"), json.dumps(
+                    {"phases": phases, "startup_s": self.result.get("startup_s"), "fingerprint": self.fp,
+                     "at": time.time()}, sort_keys=True) + "\n", mode=0o640)
+            except OSError:
+                pass
+
     # ---------------- effective config ----------------
 
     def server_info(self):
@@ -747,6 +774,10 @@ class Launcher(object):
         expect = self.p["expect"]
         if expect is None:
             expect = self.args
+        # What the server runs, for every field that was predicted (the report's effective_args).
+        res["effective_args"] = secret_rules.redact(dict(
+            (k, compare.lookup_effective(info, k)[1]) for k in sorted(expect or {}) if compare.lookup_effective(info, k)[0]),
+            self.secrets)
         overrides, unverified = compare.compare(expect, info, self.version, args=self.args,
                                                 adjustments=self.p["adjustments"] or [])
         for item in overrides:

@@ -13,6 +13,8 @@ import stat
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics as metrics_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as launch_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
@@ -23,6 +25,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
 from ansible_collections.gpufleet.sglang.plugins.module_utils import validate
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import ports as ports_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolution as resolution_mod
 
 
@@ -209,14 +212,74 @@ class Preflight(object):
                          "sglang_adopt_patterns if this deploy replaces it, or set sglang_teardown_foreign: true to stop it"
                          % (len(foreign), "; ".join(pf.describe_foreign(h) for h in foreign)))
         running = None
+        adapters = []
         if cur["pid"]:
             running = {"pid": cur["pid"], "fingerprint": cur.get("fingerprint"), "source": cur.get("source"),
                        "healthy": launcher.healthy_now()}
+        if running and running["healthy"] or adopt_from_port:
+            adapters = self.runtime_adapters(launcher)
         elif adopt_from_port:
             running = {"pid": adopt_from_port[0], "fingerprint": None, "source": "adopted (port owner)", "healthy": None}
         teardown = sorted(set([h["pid"] for h in holders if h["class"] in ("managed", "adopted", "orphan")
                                or (h["class"] == "foreign" and p["allow_foreign"])] + managed_pids + adopt_from_port))
-        return {"current": cur, "running": running, "port_owner": port_owner, "holders": holders, "teardown_pids": teardown}
+        ports = self.check_ports(launcher, table, teardown)
+        return {"current": cur, "running": running, "port_owner": port_owner, "holders": holders, "teardown_pids": teardown,
+                "ports": ports, "lora_adapters": adapters}
+
+    def runtime_adapters(self, launcher):
+        """LoRA adapters the running server loaded at runtime (``/load_lora_adapter``): they vanish on a restart, so the
+        launch loads them again before the smoke gate. Adapters of ``lora_paths`` come back with the args."""
+        try:
+            status, _h, body = http.request("GET", launcher.url + "/v1/models", api_key=launcher.api_key, timeout=5)
+        except http.HTTPConnectionError:
+            return []
+        if status != 200 or not isinstance(body, dict):
+            return []
+        configured = set()
+        for item in launcher.args.get("lora_paths") or []:
+            configured.add(str(item).split("=", 1)[0])
+        out = []
+        for card in body.get("data") or []:
+            if isinstance(card, dict) and card.get("parent") and card.get("id") not in configured:
+                out.append({"name": card.get("id"), "path": card.get("root")})
+        return out
+
+    def startup_budget(self):
+        """The health-gate budget of this launch: the previous successful launch's startup phases times a margin,
+        within [60 s, the configured sglang_server_health_timeout]; the configured value on a first launch."""
+        configured = (self.p["settings"] or {}).get("sglang_server_health_timeout") or 1800
+        try:
+            configured = float(configured)
+        except (TypeError, ValueError):
+            configured = 1800.0
+        previous = launch_mod.read_json(os.path.join(self.p["state_dir"], "startup.json")) if os.path.isdir(
+            self.p["state_dir"]) else None
+        phases = (previous or {}).get("phases") or {}
+        try:
+            seconds, source = metrics_mod.startup_budget(phases, configured, margin=3.0, floor=min(60.0, configured),
+                                                         cap=configured)
+        except (ValueError, TypeError):
+            seconds, source = configured, "default"
+        return {"seconds": round(seconds, 1), "source": source, "phases": phases, "configured": configured}
+
+    def check_ports(self, launcher, table, teardown):
+        """Every port the new server binds must be free, or held by what the teardown stops (or only lingering)."""
+        ours = set()
+        for pid in teardown:
+            if pid in table:
+                ours |= {pid} | set(procfs.descendants(table, pid)) | set(pf._session(table, table[pid].sid))
+        out = []
+        for item in ports_mod.bound_ports(launcher.args, node_rank=int(launcher.args.get("node_rank") or 0)):
+            status = sockets.port_status(item["port"])
+            strangers = [l for l in status["listeners"] if l.get("pid") not in ours]
+            entry = dict(item, free=status["free"], lingering=status.get("lingering") or {},
+                         held_by=[l.get("pid") for l in status["listeners"]])
+            out.append(entry)
+            if strangers and item["port"] != launcher.port:
+                self.problem("port %d (%s) is held by %s, which this deploy does not replace; the new server would fail "
+                             "with \"Port is already in use\". Stop it, or change the port in sglang_server_args"
+                             % (item["port"], item["what"], sockets.describe(status)))
+        return out
 
     def known_good(self, manager):
         p = self.p
@@ -228,6 +291,10 @@ class Preflight(object):
         if record is None:
             return {"ready": False, "why": "no known-good config under %s (never deployed by this collection)" % kg_dir,
                     "fingerprint": None}
+        model = (record.get("args") or {}).get("model_path")
+        if model and not os.path.isdir(str(model)):
+            return {"ready": False, "why": "the known-good config's model %s is gone from this node (deleted after "
+                                           "loading?)" % model, "fingerprint": record.get("fingerprint")}
         params = launch_mod.launch_params_from_record(record, stored, self.launch_params({}, manager))
         probe = launch_mod.Launcher(self.module, params, check_mode=True)
         blockers = probe.plan()
@@ -276,6 +343,14 @@ class Preflight(object):
         layout = validate.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"])
         if layout:
             self.problem(layout)
+        if args.get("delete_ckpt_after_loading") and p["rollback"]:
+            self.problem("sglang_server_args.delete_ckpt_after_loading: SGLang deletes the checkpoint under %s after warmup, so "
+                         "a later rollback could not load the known-good config from it; drop delete_ckpt_after_loading, or set "
+                         "sglang_server_rollback: false to accept redeploys without rollback" % args.get("model_path"))
+        for key in ("api_key", "admin_api_key"):
+            if (p["args"] or {}).get(key):
+                self.problem("sglang_server_args.%s: put the key in sglang_server_%s instead (a no_log variable that goes "
+                             "into the 0600 --config file); args are shown in plans and reports" % (key, key))
         launcher = launch_mod.Launcher(self.module, self.launch_params(args, manager), check_mode=True)
         for blocker in launcher.plan():
             self.problem(blocker)
@@ -313,13 +388,17 @@ class Preflight(object):
         record = (found["current"].get("record") or {})
         if found["running"] and record.get("fingerprint") == found["running"].get("fingerprint"):
             running_identity = record.get("identity")
+        budget = self.startup_budget()
         plan = {
+            "health_timeout": budget["seconds"], "startup": budget,
+            "lora_adapters": found.get("lora_adapters") or [],
             "action": decision["action"], "why": decision["why"], "recovering": decision["recovering"],
             "interrupted": decision["interrupted"], "target_gpus": list(p["gpus"]), "manager": manager,
             "url": launcher.url, "argv": launcher.masked(launcher.argv), "fingerprint": launcher.fp,
             "differences": redeploy.differences(running_identity, launcher.identity) if running_identity else [],
             "running": found["running"], "port_owner": found["port_owner"], "holders": found["holders"],
-            "teardown_pids": found["teardown_pids"], "rollback_ready": kg.get("ready", False), "known_good": kg,
+            "teardown_pids": found["teardown_pids"], "ports": [i["port"] for i in found["ports"]], "port_checks": found["ports"],
+            "rollback_ready": kg.get("ready", False), "known_good": kg,
             "journal": {"entry": dict((k, v) for k, v in entry.items() if k != "history"), "summary": journal_mod.describe(entry)},
             "unit": launcher.unit,
         }

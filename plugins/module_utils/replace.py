@@ -25,7 +25,9 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as launch_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
 
 PHASES = ("all", "teardown", "launch", "verify")
@@ -108,6 +110,8 @@ class Replace(object):
             return None
         params = launch_mod.launch_params_from_record(record, stored, base)
         params["on_override"] = "warn"
+        # The rollback's health gate gets the configured timeout, never the candidate's tighter budget.
+        params["health_timeout"] = base.get("health_timeout_configured") or base.get("health_timeout") or 1800
         return params
 
     def teardown(self):
@@ -142,7 +146,21 @@ class Replace(object):
         self.result["drain"] = drained
         self.result["timings"]["teardown_s"] = round(time.monotonic() - t0, 3)
         self.verify_gpus("free", td.get("gpus") or [])
-        self.mark(journal_mod.TORN_DOWN, detail="the target GPUs are free")
+        self.wait_ports(td.get("ports") or [])
+        self.mark(journal_mod.TORN_DOWN, detail="the target GPUs and ports are free")
+
+    def wait_ports(self, ports):
+        """Every port the new server binds must be free (a SIGKILLed server's children can keep them); sockets that
+        only linger (TIME_WAIT) do not count, as SGLang binds with SO_REUSEADDR."""
+        if not ports:
+            return
+        timeout = float((self.p["verify"] or {}).get("timeout") or 120)
+        t0 = time.monotonic()
+        ok, busy = sockets.wait_ports_free(ports, timeout, interval=0.2, allow_lingering=True)
+        self.result["timings"]["ports_free_s"] = round(time.monotonic() - t0, 3)
+        if not ok:
+            raise gpu_verify.VerifyError("the new server's ports are still in use %.0f s after the teardown: %s" % (
+                timeout, "; ".join(sockets.describe(b) for b in busy)), {"ports": busy})
 
     def verify_gpus(self, state, gpus):
         vp = dict(self.p["verify"] or {})
@@ -209,12 +227,34 @@ class Replace(object):
             self.verify_launcher = launcher
             raise
         self.result["timings"]["candidate_healthy_s"] = round(time.monotonic() - t0, 3)
+        self.reload_adapters(launcher)
         self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
         if (self.p["verify"] or {}).get("allocated", True):
             self.verify_gpus("allocated", (self.p["teardown"] or {}).get("gpus") or [])
         self.mark(journal_mod.LAUNCHED, detail="running candidate PID %s healthy, config checked, GPUs allocated" % cur["pid"])
         self.result["node_state"] = "candidate running (not yet promoted)"
         return self.finish()
+
+    def reload_adapters(self, launcher):
+        """Load again the LoRA adapters the old server had loaded at runtime (they vanish on a restart), before the
+        smoke gate; a failure fails the launch (and rolls back)."""
+        adapters = list(self.p["lora_adapters"] or [])
+        if not adapters:
+            return
+        loaded = []
+        for item in adapters:
+            body = {"lora_name": item.get("name"), "lora_path": item.get("path")}
+            try:
+                status, _h, answer = http.request("POST", launcher.url + "/load_lora_adapter", body=body,
+                                                  api_key=launcher.api_key, timeout=float(self.p["lora_timeout"]))
+            except http.HTTPConnectionError as exc:
+                raise launch_mod.LaunchError("loading the LoRA adapter %s (%s) again failed: %s" % (
+                    item.get("name"), item.get("path"), exc))
+            if status != 200 or (isinstance(answer, dict) and answer.get("success") is False):
+                raise launch_mod.LaunchError("loading the LoRA adapter %s (%s) again failed: HTTP %d %s" % (
+                    item.get("name"), item.get("path"), status, str(answer)[:300]))
+            loaded.append({"name": item.get("name"), "path": item.get("path"), "loaded": True})
+        launcher.result["lora_adapters"] = loaded
 
     def stop_failed(self, launcher):
         """Stop a candidate that failed its gate (it may still run), then prove the GPUs free again."""
@@ -270,6 +310,7 @@ class Replace(object):
                 if p["phase"] == "teardown":
                     return self.finish()
                 launcher = self.launch(params, "candidate" if p["target"] == "candidate" else "known-good")
+                self.reload_adapters(launcher)
                 self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
                 vp = dict(p["verify"] or {})
                 if vp.get("allocated", True):

@@ -158,6 +158,10 @@ options:
     description: Let the teardown stop foreign holders of the target GPUs instead of failing.
     type: bool
     default: false
+  rollback:
+    description: Whether a failed redeploy rolls back (the preflight refuses what would make the rollback impossible).
+    type: bool
+    default: true
   force:
     description: Redeploy even when the healthy server already runs the promoted intended config.
     type: bool
@@ -294,6 +298,7 @@ def argument_spec():
         adopt_pids=dict(type="list", elements="int", default=[]),
         adopt_patterns=dict(type="list", elements="str", default=[]),
         allow_foreign=dict(type="bool", default=False),
+        rollback=dict(type="bool", default=True),
         force=dict(type="bool", default=False),
         settings=dict(type="dict", default={}),
         lease=dict(type="dict", default={}),

@@ -54,7 +54,8 @@ options:
     description:
       - The drain, by the keys of M(gpufleet.sglang.gpu_drain) (C(gpus), C(pids), C(match), C(exclude),
         C(term_timeout), C(kill_timeout), C(reset_orphaned), C(nvidia_smi), C(backend), C(device_paths),
-        C(expected_pids), C(on_unexpected)).
+        C(expected_pids), C(on_unexpected)), and C(ports): the TCP ports the new server binds, waited for after the
+        drain (sockets that only linger in TIME_WAIT do not count).
     type: dict
     default: {}
   verify:
@@ -63,6 +64,17 @@ options:
         C(require_no_processes), C(timeout), C(sleep)); C(allocated=false) skips the check after the launch.
     type: dict
     default: {}
+  lora_adapters:
+    description:
+      - LoRA adapters (C(name), C(path)) the old server had loaded at runtime; they are loaded again once the new
+        server is healthy, before the smoke gate (a runtime adapter vanishes on a restart).
+    type: list
+    elements: dict
+    default: []
+  lora_timeout:
+    description: Seconds one C(/load_lora_adapter) call may take.
+    type: float
+    default: 300
   directories:
     description:
       - Directories to create or fix before anything else, as C(paths) with C(mode), C(owner), C(group)
@@ -181,6 +193,8 @@ def main():
             teardown=dict(type="dict", default={}),
             verify=dict(type="dict", default={}),
             directories=dict(type="dict", default={}),
+            lora_adapters=dict(type="list", elements="dict", default=[]),
+            lora_timeout=dict(type="float", default=300),
             rollback=dict(type="bool", default=False),
             run_id=dict(type="str", required=True),
             lease=dict(type="dict", default={}),
