@@ -1047,7 +1047,8 @@ SIM_FAST = {"SGLANG_SIM_STARTUP_S": "0.2", "SGLANG_SIM_WARMUP_S": "0.05", "SGLAN
 
 
 def _smg1():
-    out = subprocess.run([str(REPO / "scripts" / "setup-smg.sh")], capture_output=True, text=True, timeout=600)
+    out = subprocess.run([str(REPO / "scripts" / "setup-smg.sh")], capture_output=True, text=True, timeout=600,
+                         check=False)
     assert out.returncode == 0, "scripts/setup-smg.sh failed:\n%s" % out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
@@ -1166,10 +1167,10 @@ def test_real_router(real, api):
     assert [w["url"] for w in r.parse_workers(_get(router + "/workers")[1], api)] == [a]
 
     # With a second Ready worker, the removal goes through while a's requests are in flight. They take about
-    # 8 s (700 tokens at the simulator's 90 tokens/s), longer than smg's 5 s drain settle.
+    # 12 s (1100 tokens at the simulator's 90 tokens/s), well beyond smg's 5 s drain settle.
     assert run(dict(base, url=b))["changed"] is True
     statuses = []
-    threads = [threading.Thread(target=lambda: statuses.append(_generate(router, 700))) for _ in range(6)]
+    threads = [threading.Thread(target=lambda: statuses.append(_generate(router, 1100))) for _thread in range(6)]
     for t in threads:
         t.start()
     _wait(lambda: (r.load_from_v1_loads(_get(a + "/v1/loads")[1]) or 0) > 0, 20, "requests in flight on a")
@@ -1226,7 +1227,7 @@ def test_real_smg1_pd_mode(real):
     # With a second prefill, one prefill is rolled out while requests flow through the router.
     assert run(dict(base, url=p2, worker_config={"worker_type": "prefill", "bootstrap_port": boot2}))["changed"] is True
     statuses = []
-    threads = [threading.Thread(target=lambda: statuses.extend(_generate(router, 100) for _ in range(5))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: statuses.extend(_generate(router, 100) for _req in range(5))) for _thread in range(3)]
     for t in threads:
         t.start()
     res = run(dict(base, url=p1, state="absent", drain=True, drain_timeout=60))
