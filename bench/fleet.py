@@ -73,6 +73,7 @@ def write_inventory(path, hosts, models):
             "          sglang_node_environment:",
             "            GPUSIM_ROOT: %s" % h["root"],
             "            PATH: %s" % c.NODE_PATH,
+            "          gpufleet_gpu_device_paths: [\"%s/dev/nvidia*\"]" % h["root"],
             "          sglang_lock_dir: %s" % h["state"],
             "          sglang_server_config_dir: %s" % h["etc"],
             "          sglang_server_state_dir: %s" % h["state"],

@@ -63,6 +63,7 @@ PLAYBOOK = """---
         gpus: [0, 1]
         term_timeout: {term_timeout}
         nvidia_smi: {smi}
+        device_paths: ["{root}/dev/nvidia*"]
     - name: Verify GPUs 0,1 are free
       gpufleet.sglang.gpu_memory_assert:
         gpus: [0, 1]
@@ -70,6 +71,7 @@ PLAYBOOK = """---
         timeout: 30
         sleep: {sleep}
         nvidia_smi: {smi_timed}
+        device_paths: ["{root}/dev/nvidia*"]
 """
 
 INVENTORY = """---

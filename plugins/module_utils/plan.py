@@ -13,6 +13,7 @@ import stat
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics as metrics_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
@@ -89,8 +90,7 @@ class Preflight(object):
             backend.close()
         driver = snap.get("driver") or {}
         if not driver.get("ok", False):
-            self.problem("nvidia-smi does not answer: %s (%s)" % (
-                gpu_query.STATUS_HINTS.get(driver.get("status"), driver.get("status")), (driver.get("message") or "").strip()[:300]))
+            self.problem(gpu_target.driver_failure_text(driver, "nvidia-smi (sglang_server_nvidia_smi)")[:600])
             return snap, []
         selected, errors = gpu_query.select_gpus(snap, p["gpus"])
         answering = [g for g in snap.get("gpus", []) if not g.get("lost")]

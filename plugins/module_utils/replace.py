@@ -20,6 +20,7 @@ import signal
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import drain as drain_engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
 from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as launch_mod
@@ -50,10 +51,8 @@ class ReplaceFailed(Exception):
 
 
 def _runner(module):
-    def run(argv, timeout=None):
-        rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"})
-        return rc, out, err
-    return run
+    """The GPU engines' command runner (it honours their per-call timeouts: a hung nvidia-smi cannot hang the run)."""
+    return gpu_target.module_run(module)
 
 
 class Replace(object):
@@ -78,6 +77,7 @@ class Replace(object):
                        "signalled": [], "steps": [], "timings": {}, "node_state": "unchanged"}
         self.candidate_pid = None
         self.verify_launcher = None
+        self.part = "launch"      # the report's name of the part running now: teardown, launch, verify allocated
 
     # ------------------------------------------------------------------
     def elapsed(self):
@@ -119,6 +119,7 @@ class Replace(object):
         td = dict(p["teardown"] or {})
         launch = dict(p["launch"] or {})
         t0 = time.monotonic()
+        self.part = "teardown"
         self.mark(journal_mod.TEARDOWN, detail="signalling %s on GPUs %s" % (
             ", ".join(str(x) for x in td.get("pids") or []) or "the holders", ",".join(str(g) for g in td.get("gpus") or [])))
         self.result["torn_down"] = True
@@ -148,6 +149,7 @@ class Replace(object):
         self.verify_gpus("free", td.get("gpus") or [])
         self.wait_ports(td.get("ports") or [])
         self.mark(journal_mod.TORN_DOWN, detail="the target GPUs and ports are free")
+        self.part = "launch"
 
     def wait_ports(self, ports):
         """Every port the new server binds must be free (a SIGKILLed server's children can keep them); sockets that
@@ -163,6 +165,8 @@ class Replace(object):
                 timeout, "; ".join(sockets.describe(b) for b in busy)), {"ports": busy})
 
     def verify_gpus(self, state, gpus):
+        if state == "allocated":
+            self.part = "verify allocated"
         vp = dict(self.p["verify"] or {})
         params = gpu_verify.defaults()
         params.update(dict((k, v) for k, v in vp.items() if k in params))
@@ -182,6 +186,7 @@ class Replace(object):
 
     def launch(self, params, label):
         """Start ``params`` and gate it; returns the launcher (result in ``launcher.result``)."""
+        self.part = "launch"
         launcher = launch_mod.Launcher(self.module, params)
         blockers = launcher.plan()
         self.secrets.extend(launcher.secrets)
@@ -324,6 +329,7 @@ class Replace(object):
                     self.result["node_state"] = "known-good running"
                 return self.finish()
         except Interrupted as exc:
+            self.result["failed_step"] = self.part
             self.record_failure(journal_mod.INTERRUPTED, "%s at step %s" % (exc, self.step))
             raise ReplaceFailed("sglang_replace was %s at step %s; the node journal records it, and the next run continues "
                                 "from there" % (exc, self.step), self.finish_result())
@@ -337,6 +343,9 @@ class Replace(object):
 
     def failed(self, exc, launcher):
         p = self.p
+        self.result["failed_step"] = self.part
+        if isinstance(exc, (gpu_verify.VerifyError, drain_engine.DrainError)) and getattr(exc, "result", None):
+            self.result["verify_failure" if isinstance(exc, gpu_verify.VerifyError) else "drain"] = exc.result
         msg = getattr(exc, "msg", str(exc))
         extra = getattr(exc, "extra", None) or {}
         launcher = launcher or getattr(self, "verify_launcher", None)

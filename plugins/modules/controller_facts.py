@@ -11,8 +11,8 @@ module: controller_facts
 short_description: Name a redeploy run and identify its controller
 version_added: 0.2.0
 description:
-  - Returns a run id (UTC time, the controller's PID and a random number) and the controller's identity:
-    host name, the PID and start time of the C(ansible-playbook) process, the boot id and the PID namespace.
+  - Returns a run id (UTC time, the controller's PID and a random number) and the controller's identity, that is
+    the host name, the PID and start time of the C(ansible-playbook) process, the boot id and the PID namespace.
   - The node lease records this identity, so that a later run on the same machine can prove the
     controller of an abandoned lease dead (its PID gone) and take the lease over at once, instead of
     waiting for the lease to expire.

@@ -232,7 +232,7 @@ RETURN = r"""
 plan:
   description:
     - C(action) is V(none) (the healthy server runs the promoted intended config), V(verify) (the
-      intended config runs but never passed the smoke gate: finish it), V(start) or V(restart); C(why)
+      intended config runs but never passed the smoke gate, so finish it), V(start) or V(restart); C(why)
       says why, C(recovering) whether an interrupted run is being finished.
     - Also C(target_gpus), C(manager), C(url), C(argv) (masked), C(fingerprint), C(differences) (field by
       field), C(running), C(holders), C(teardown_pids), C(rollback_ready), C(known_good) and C(journal).

@@ -13,12 +13,13 @@ version_added: 0.2.0
 description:
   - The outage window of a redeploy as one target-side run, so that no controller round trip happens
     while no server serves.
-    1. Stops the managed unit (systemd) and drains the target GPUs (the engine of M(gpufleet.sglang.gpu_drain)).
-    2. Proves the target GPUs free (the engine of M(gpufleet.sglang.gpu_memory_assert)).
-    3. Writes the candidate's files (record, 0600 secrets, C(--config), unit) and starts it (the engine of
-       M(gpufleet.sglang.sglang_launch)).
-    4. Waits for the health check, compares the server's C(/server_info) with the predicted effective
-       config, and proves the GPUs allocated.
+  - Step 1 stops the managed unit (systemd) and drains the target GPUs (the engine of M(gpufleet.sglang.gpu_drain)).
+  - Step 2 proves the target GPUs free (the engine of M(gpufleet.sglang.gpu_memory_assert)) and waits for the
+    ports the new server binds.
+  - Step 3 writes the candidate's files (record, 0600 secrets, C(--config), unit) and starts it (the engine of
+    M(gpufleet.sglang.sglang_launch)).
+  - Step 4 waits for the health check, compares the server's C(/server_info) with the predicted effective
+    config, and proves the GPUs allocated.
   - Writes the node journal (C(<state_dir>/journal.json)) at every step and renews the node lease while it
     works, so that an interrupted run (SIGKILL of the controller, Ctrl-C, an AWX cancel) leaves a state the
     next run recognises.
@@ -30,7 +31,7 @@ options:
   phase:
     description:
       - V(all), V(teardown) (steps 1-2 only), V(launch) (steps 3-4 only), or V(verify) (step 4 only, on the server
-        that already runs the intended config: the candidate an interrupted run left unverified).
+        that already runs the intended config, that is the candidate an interrupted run left unverified).
     type: str
     choices: [all, teardown, launch, verify]
     default: all
@@ -54,7 +55,7 @@ options:
     description:
       - The drain, by the keys of M(gpufleet.sglang.gpu_drain) (C(gpus), C(pids), C(match), C(exclude),
         C(term_timeout), C(kill_timeout), C(reset_orphaned), C(nvidia_smi), C(backend), C(device_paths),
-        C(expected_pids), C(on_unexpected)), and C(ports): the TCP ports the new server binds, waited for after the
+        C(expected_pids), C(on_unexpected)), and C(ports), the TCP ports the new server binds, waited for after the
         drain (sockets that only linger in TIME_WAIT do not count).
     type: dict
     default: {}

@@ -41,8 +41,12 @@ pytestmark = pytest.mark.slow
 
 RANK0, RANK1 = "rank0", "rank1"
 HOSTS = (RANK0, RANK1)
-GROUP_FAIL_TASK = "Fail together with the other ranks of a multi-node server (%s)"
-LAUNCH_TASK = "Launch the server and verify its effective config"
+GROUP_FAIL_TASK = "Fail together with the other ranks of this multi-node server (%s)"
+PREFLIGHT = "Plan the redeploy (inspect the node, resolve the args as its SGLang will, take the lease)"
+TEARDOWN_TASK = "Replace the server in one module run, candidate teardown"
+LAUNCH_TASK = "Replace the server in one module run, candidate launch"
+ROLLBACK_TEARDOWN = "Replace the server in one module run, known_good teardown"
+ROLLBACK_LAUNCH = "Replace the server in one module run, known_good launch"
 # Rank 0 gives up waiting for the other ranks after this long (the fake server's
 # SGLANG_SIM_DIST_TIMEOUT_S), so a crashed rank 1 costs seconds, not ten minutes.
 DIST_TIMEOUT_S = "15"
@@ -156,9 +160,13 @@ def ok_events(run, task, host):
 
 
 def drain_events(run, host):
-    """``runner_on_ok`` events of the drain (the gpu_teardown role's module) on ``host``, in order."""
-    return [e for e in run.results(("runner_on_ok",))
-            if e["event_data"].get("task") == "Drain the target GPUs" and e["event_data"].get("host") == host]
+    """``runner_on_ok`` events of the teardown phases (sglang_replace, the drain inside) on ``host``, in order."""
+    return [e for e in run.results(("runner_on_ok", "runner_on_failed"))
+            if e["event_data"].get("task") in (TEARDOWN_TASK, ROLLBACK_TEARDOWN) and e["event_data"].get("host") == host]
+
+
+def drain_result(event):
+    return (event["event_data"].get("res") or {}).get("drain") or {}
 
 
 def signals_sent(drain_res):
@@ -199,6 +207,7 @@ def assert_group_rolled_back(run, group, old_pids, steps, messages):
         assert messages[host] in row["error"], (host, row["error"])
         fail = run.task_result("Fail the host", host=host)
         assert fail["failed"] and "Rollback succeeded" in fail["msg"], fail
+        assert group[host].journal()["step"] == "rolled_back", (host, group[host].journal())
     pids = assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED))
     for host, pid in pids.items():
         assert pid != old_pids[host] and not alive(old_pids[host]), (host, pid, old_pids)
@@ -227,12 +236,17 @@ def test_fresh_deploy_of_a_two_node_group(group):
     assert info["speculative_num_draft_tokens"] == 16
 
     # Health, effective config and smoke are judged on rank 0; rank 1 only has to be healthy.
-    launch = {h: run.task_result("Launch the server and verify its effective config", host=h) for h in HOSTS}
+    launch = {h: run.task_result(LAUNCH_TASK, host=h)["launch"] for h in HOSTS}
     assert launch[RANK0]["overrides"] == [] and launch[RANK0]["pid"] == pids[RANK0], launch[RANK0]
     assert launch[RANK1]["pid"] == pids[RANK1] and launch[RANK1]["url"].endswith(":%d" % group[RANK1].port)
-    assert "--node-rank" in launch[RANK1]["argv"] and "--nnodes" in launch[RANK1]["argv"]
+    assert "overrides" not in launch[RANK1], launch[RANK1]      # no /server_info on a rank >= 1
+    pre1 = run.task_result(PREFLIGHT, host=RANK1)["plan"]["argv"]
+    assert "--node-rank" in pre1 and "--nnodes" in pre1
     assert run.task_result("Run the smoke benchmark", host=RANK0)["accept_length"] >= 2.0
     assert not run.ran("Run the smoke benchmark", host=RANK1)
+    for host in HOSTS:
+        assert run.task_result(PREFLIGHT, host=host)["lease"]["acquired"] is True     # every rank took its lease
+        assert not group[host].lock_path.exists(), host                                 # and gave it back
 
     # Rank 1's server is the follower: schedulers for global TP rank 1, no detokenizer.
     titles = sorted(open("/proc/%d/cmdline" % p).read().strip("\0") for p in session_members(pids[RANK1])
@@ -259,24 +273,24 @@ def test_redeploy_tears_down_rank_0_first(group):
     d0, d1 = drains[RANK0][0], drains[RANK1][0]
     assert d0["counter"] < d1["counter"] and d0["event_data"]["end"] <= d1["event_data"]["start"], (
         d0["event_data"]["end"], d1["event_data"]["start"])
-    # The task order itself: the rank-0 task ran (and was skipped on rank 1) before the other one.
+    # The task order itself: the rank-0 teardown ran (and was skipped on rank 1) before the other one.
     names = [e["event_data"]["task"] for e in run.events if e.get("event") == "playbook_on_task_start"]
-    first = names.index("Tear down the old server (node rank 0 first)")
-    assert first < names.index("Tear down the old server (node ranks 1 and up)")
-    assert run.task_events("Tear down the old server (node rank 0 first)", ("runner_on_skipped",), RANK1)
-    assert run.task_events("Tear down the old server (node ranks 1 and up)", ("runner_on_skipped",), RANK0)
+    first = names.index("Tear down node rank 0")
+    assert first < names.index("Tear down node ranks 1 and up")
+    assert run.task_events("Tear down node rank 0", ("runner_on_skipped",), RANK1)
+    assert run.task_events("Tear down node ranks 1 and up", ("runner_on_skipped",), RANK0)
 
-    res0 = d0["event_data"]["res"]
+    res0 = drain_result(d0)
     assert pids[RANK0] in [p["pid"] for p in res0["signalled"]] and signals_sent(res0) == ["SIGTERM"], res0
     # Rank 1 needed no SIGKILL: rank 0's shutdown broadcast stopped it (it ignores SIGTERM until then).
-    assert "SIGKILL" not in signals_sent(drains[RANK1][0]["event_data"]["res"]), drains[RANK1][0]["event_data"]["res"]
+    assert "SIGKILL" not in signals_sent(drain_result(d1)), drain_result(d1)
     assert not alive(pids[RANK1])
     log1 = (group[RANK1].logs / "server.log").read_text(errors="replace")
     assert "lost without a ShutdownReq" not in log1
 
     for host in HOSTS:
-        verify = run.task_results("Verify GPU memory is free", host=host)
-        assert verify and not verify[0]["failed"], (host, verify)
+        torn = run.task_result(TEARDOWN_TASK, host=host)
+        assert not torn["failed"] and [g["index"] for g in torn["gpus_free"]] == [0], (host, torn)
     new = assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED))
     assert all(new[h] != pids[h] and not alive(pids[h]) for h in HOSTS), (pids, new)
 
@@ -289,7 +303,8 @@ def test_a_second_run_is_a_no_op_for_both_ranks(group):
         assert run.host_stats(host)["changed"] == 0, (host, run.host_stats(host))
         row = report_row(run, host)
         assert row["status"] == "unchanged" and row["plan"] == "none", row
-        assert not run.ran("Take the node lock", host=host)
+        lease = run.task_result(PREFLIGHT, host=host)["lease"]
+        assert lease.get("released") is True and not group[host].lock_path.exists(), lease   # taken by the group, given back
     assert not drain_events(run, RANK0) and not drain_events(run, RANK1)
     assert assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED)) == pids
 
@@ -306,7 +321,7 @@ def test_a_group_split_over_batches_is_refused_before_anything_is_touched(group)
     assert [r["host"] for r in run.report] == [RANK0], run.report
     row = report_row(run, RANK0)
     assert row["status"] == "failed" and row["step"] == "preflight" and row["rollback"]["status"] == "not_needed", row
-    assert not run.ran("Inspect the node", host=RANK0) and not run.ran("Inspect the node", host=RANK1)
+    assert not run.ran(PREFLIGHT, host=RANK0) and not run.ran(PREFLIGHT, host=RANK1)
     assert not drain_events(run, RANK0) and not drain_events(run, RANK1)
     assert assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED)) == pids
 
@@ -317,9 +332,8 @@ def test_a_crashing_rank_1_rolls_the_whole_group_back(group):
     pids = ensure_changed_config(group)
     run = group.run(changed_vars(rank1={"SGLANG_SIM_CRASH_ON_LOAD": "1"})(group))
     # Rank 0's own config did not change, but the group redeploys it with rank 1.
-    assert run.task_results("Plan the launch (nothing starts in this step)", host=RANK0)[0]["action"] == "none"
-    assert run.task_result("Redeploy a multi-node server as one unit", host=RANK0)["ansible_facts"][
-        "sglang_redeploy_needed"] is True
+    assert run.task_result(PREFLIGHT, host=RANK0)["plan"]["action"] == "none"
+    assert report_row(run, RANK0)["plan"] == "restart"
     assert_group_rolled_back(run, group, pids, {RANK0: "launch", RANK1: "launch"},
                              {RANK0: "launch failed", RANK1: "launch failed"})
     assert "SGLANG_SIM_CRASH_ON_LOAD" in (group[RANK1].logs / "server.log").read_text(errors="replace")
@@ -335,11 +349,11 @@ def test_a_failed_rank_0_makes_rank_1_fail_at_the_group_barrier(group):
     rank1_launch = run.task_result(LAUNCH_TASK, host=RANK1)
     assert not rank1_launch["failed"], ("rank 1 must be up before rank 0 crashes", rank1_launch.get("msg"))
     barrier = run.task_result(GROUP_FAIL_TASK % "launch", host=RANK1)
-    assert barrier["failed"] and "Another rank of this multi-node server failed (rank0 at launch)" in barrier["msg"], barrier
+    assert barrier["failed"] and "failed before the launch checkpoint (rank0)" in barrier["msg"], barrier
     assert not run.ran(GROUP_FAIL_TASK % "launch", host=RANK0)       # rank 0 was in the rescue already
-    assert not run.task_result("Verify GPU memory is allocated", host=RANK1)["failed"]
-    assert_group_rolled_back(run, group, pids, {RANK0: "launch", RANK1: "verify allocated"},
-                             {RANK0: "launch failed", RANK1: "Another rank of this multi-node server failed (rank0 at launch)"})
+    assert [g["index"] for g in rank1_launch["gpus_allocated"]] == [0]
+    assert_group_rolled_back(run, group, pids, {RANK0: "launch", RANK1: "launch (another rank failed)"},
+                             {RANK0: "launch failed", RANK1: "failed before the launch checkpoint (rank0)"})
     # The orphaned rank-1 candidate ignored SIGTERM (no ShutdownReq came) and needed a SIGKILL.
-    rollback_drain = drain_events(run, RANK1)[-1]["event_data"]["res"]
+    rollback_drain = drain_result(drain_events(run, RANK1)[-1])
     assert "SIGKILL" in signals_sent(rollback_drain), rollback_drain

@@ -409,10 +409,10 @@ def check_teardown(ctx):
             return "failed", "holders not listed on GPU 0 within 30 s: %r" % (poller.poll(),), details
         details["before"] = {"used_mib": listed[0], "listed_pids": listed[1],
                              "keeper_listed": parent.keeper_pid in listed[1]}
-        drain = run_module("gpu_drain", {"gpus": [0], "match": [HOLDER_MATCH], "term_timeout": 10, "kill_timeout": 30},
-                           env=ctx.env, python=ctx.python, timeout=150)
-        verify = run_module("gpu_memory_assert", {"gpus": [0], "timeout": 90, "sleep": 0.2, "max_used_mib": threshold},
-                            env=ctx.env, python=ctx.python, timeout=150)
+        drain = run_module("gpu_drain", dict({"gpus": [0], "match": [HOLDER_MATCH], "term_timeout": 10, "kill_timeout": 30},
+                                             **_dev(ctx)), env=ctx.env, python=ctx.python, timeout=150)
+        verify = run_module("gpu_memory_assert", dict({"gpus": [0], "timeout": 90, "sleep": 0.2, "max_used_mib": threshold},
+                                                      **_dev(ctx)), env=ctx.env, python=ctx.python, timeout=150)
         alive = {name: is_alive(pid) for name, pid in holders.items() if pid}
         decoys_alive = {"decoy": is_alive(decoy.pid), "nvml_decoy": is_alive(nvml_decoy.pid)}
         after = poller.poll()
@@ -451,6 +451,12 @@ def check_teardown(ctx):
     return "passed", "holders (parent, spawned child, forked keeper) gone, decoys alive, GPU 0 back to %s MiB" % after[0], details
 
 
+def _dev(ctx):
+    """The simulator's device files (the modules never read GPUSIM_ROOT); on a real node the default /dev/nvidia*."""
+    root = (ctx.env or {}).get("GPUSIM_ROOT")
+    return {"device_paths": [root.rstrip("/") + "/dev/nvidia*"]} if ctx.mode != "real" and root else {}
+
+
 def check_sigterm_escalation(ctx):
     poller = ctx.poller()
     used0, pids0 = poller.poll()
@@ -461,10 +467,10 @@ def check_sigterm_escalation(ctx):
     with ctx.spawner() as sp:
         h = sp.start("parent", mib=min(ctx.mib, 2048), ignore_sigterm=True)
         wait_for(lambda: h.pid in poller.poll()[1], 30)
-        drain = run_module("gpu_drain", {"gpus": [0], "match": [HOLDER_MATCH], "term_timeout": term_timeout,
-                                         "kill_timeout": 30}, env=ctx.env, python=ctx.python, timeout=150)
-        verify = run_module("gpu_memory_assert", {"gpus": [0], "timeout": 60, "sleep": 0.2, "max_used_mib": threshold},
-                            env=ctx.env, python=ctx.python, timeout=150)
+        drain = run_module("gpu_drain", dict({"gpus": [0], "match": [HOLDER_MATCH], "term_timeout": term_timeout,
+                                              "kill_timeout": 30}, **_dev(ctx)), env=ctx.env, python=ctx.python, timeout=150)
+        verify = run_module("gpu_memory_assert", dict({"gpus": [0], "timeout": 60, "sleep": 0.2, "max_used_mib": threshold},
+                                                      **_dev(ctx)), env=ctx.env, python=ctx.python, timeout=150)
         alive = is_alive(h.pid)
         entry = _signalled(drain.result).get(h.pid, {})
     signals = entry.get("signals")
