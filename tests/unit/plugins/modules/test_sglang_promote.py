@@ -1,0 +1,248 @@
+"""sglang_promote: the verified candidate becomes known-good, the journal is settled, the lease released.
+
+``main()`` runs in-process (``patch_module_args``). No process is started: the "server that runs now" is
+this test process itself, named in the state file by its PID and start time, as the launcher writes it.
+``systemctl`` (the enable at boot) is a small script on PATH that records its argv.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from redeploy_testlib import mode_of, run_module, starttime  # noqa: E402 - after this directory is put on sys.path
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.modules import sglang_promote
+
+FP = "sha256:" + "ab" * 32
+FILES = {"server.json": 0o640, "secrets.json": 0o600, "config.yaml": 0o600, "server.env": 0o600}
+
+
+class Paths(object):
+    def __init__(self, tmp_path):
+        self.config_dir = tmp_path / "etc"
+        self.candidate = self.config_dir / "candidate"
+        self.known_good = self.config_dir / "known-good"
+        self.state_dir = tmp_path / "state"
+        self.unit_dir = tmp_path / "units"
+        self.lease = tmp_path / "lock" / "gpufleet-sglang-unit.lock"
+        for d in (self.candidate, self.state_dir, self.unit_dir):
+            d.mkdir(parents=True)
+
+    def candidate_files(self, fingerprint=FP, names=tuple(FILES)):
+        contents = {
+            "server.json": json.dumps({"name": "unit", "fingerprint": fingerprint, "args": {"model_path": "/m"}}) + "\n",
+            "secrets.json": json.dumps({"args": {"api_key": "sk-promote-1"}, "env": {"HF_TOKEN": "hf-1"}}) + "\n",
+            "config.yaml": 'api-key: "sk-promote-1"\n',
+            "server.env": 'HF_TOKEN="hf-1"\n',
+        }
+        for name in names:
+            path = self.candidate / name
+            path.write_text(contents[name])
+            path.chmod(0o644)          # the copies get their own modes whatever the source has
+        return contents
+
+    def running(self, fingerprint=FP, pid=None, start=None):
+        pid = pid or os.getpid()
+        state = {"pid": pid, "starttime": starttime(pid) if start is None else start, "fingerprint": fingerprint}
+        (self.state_dir / "server.state.json").write_text(json.dumps(state))
+
+    def journal(self):
+        return journal_mod.read(journal_mod.path_for(str(self.state_dir)))
+
+    def args(self, **extra):
+        args = {"name": "unit", "config_dir": str(self.config_dir), "state_dir": str(self.state_dir), "run_id": "R1",
+                "lease": {"path": str(self.lease)}}
+        args.update(extra)
+        return args
+
+
+@pytest.fixture
+def paths(tmp_path, monkeypatch):
+    monkeypatch.setattr(sglang_promote.systemd, "running", lambda root="/run/systemd/system": False)
+    return Paths(tmp_path)
+
+
+@pytest.fixture
+def systemctl(tmp_path, monkeypatch):
+    """A ``systemctl`` on PATH that appends its argv to a file and exits with $FAKE_SYSTEMCTL_RC."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "systemctl.calls"
+    script = bindir / "systemctl"
+    script.write_text('#!/bin/sh\necho "$@" >> "%s"\n[ -z "$FAKE_SYSTEMCTL_RC" ] || { echo "no such unit" >&2; exit "$FAKE_SYSTEMCTL_RC"; }\n'
+                      % log)
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ.get("PATH", "")))
+    monkeypatch.setattr(sglang_promote.systemd, "running", lambda root="/run/systemd/system": True)
+    return log
+
+
+def journal_at(paths, run_id, step):
+    journal_mod.record(journal_mod.path_for(str(paths.state_dir)), run_id, step, detail="set up by the test")
+
+
+# ---------------------------------------------------------------------------
+# promote=true
+# ---------------------------------------------------------------------------
+
+def test_promote_copies_every_file_with_its_mode_settles_the_journal_and_releases(paths, monkeypatch):
+    contents = paths.candidate_files()
+    paths.running()
+    journal_at(paths, "R1", journal_mod.LAUNCHED)
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+    res = run_module(sglang_promote, paths.args(smoke={"accept_length": 2.9, "tokens_per_s": 1200}), monkeypatch)
+    assert res["failed"] is False and res["changed"] is True
+    assert res["promoted"] is True and res["known_good"] == {"dir": str(paths.known_good), "fingerprint": FP}
+    assert mode_of(paths.known_good) == oct(0o750)
+    for name, mode in FILES.items():
+        assert (paths.known_good / name).read_text() == contents[name], name
+        assert mode_of(paths.known_good / name) == oct(mode), name
+    entry = paths.journal()
+    assert res["journal_step"] == journal_mod.PROMOTED == entry["step"]
+    assert [h["step"] for h in entry["history"]] == ["launched", "verified", "promoted"]
+    assert entry["smoke"] == {"accept_length": 2.9, "tokens_per_s": 1200}
+    assert entry["known_good"] == {"fingerprint": FP} and entry["candidate"] == {"fingerprint": FP, "pid": os.getpid()}
+    assert entry["detail"] == "candidate promoted to known-good"
+    assert res["released"] is True and not paths.lease.exists()
+
+
+def test_promote_removes_a_stale_file_of_the_older_known_good(paths, monkeypatch):
+    paths.known_good.mkdir()
+    (paths.known_good / "server.env").write_text('HF_TOKEN="old-token"\n')
+    (paths.known_good / "config.yaml").write_text('api-key: "old-key"\n')
+    paths.candidate_files(names=("server.json", "secrets.json"))        # the new config has no --config file, no env file
+    paths.running()
+    res = run_module(sglang_promote, paths.args(), monkeypatch)
+    assert res["promoted"] is True
+    assert sorted(p.name for p in paths.known_good.iterdir()) == ["secrets.json", "server.json"]
+
+
+def test_promote_of_a_systemd_server_copies_the_unit_0644_and_enables_it(paths, systemctl, monkeypatch):
+    contents = paths.candidate_files()
+    unit = paths.unit_dir / "sglang-unit.service"
+    unit.write_text("[Service]\nExecStart=/bin/true\n")
+    unit.chmod(0o600)
+    # systemd: the record is not compared with a state file (systemd started it, possibly at boot).
+    res = run_module(sglang_promote, paths.args(manager="systemd", unit_dir=str(paths.unit_dir)), monkeypatch)
+    assert res["failed"] is False and res["promoted"] is True
+    assert (paths.known_good / "sglang-unit.service").read_text() == unit.read_text()
+    assert mode_of(paths.known_good / "sglang-unit.service") == oct(0o644)
+    assert mode_of(paths.known_good / "server.env") == oct(0o600)
+    assert (paths.known_good / "server.env").read_text() == contents["server.env"]
+    assert systemctl.read_text().splitlines() == ["enable -- sglang-unit.service"]
+
+
+def test_promote_says_so_when_the_enable_fails_after_the_copy(paths, systemctl, monkeypatch):
+    paths.candidate_files()
+    monkeypatch.setenv("FAKE_SYSTEMCTL_RC", "5")
+    res = run_module(sglang_promote, paths.args(manager="systemd", unit="main.service", unit_dir=str(paths.unit_dir)),
+                     monkeypatch)
+    assert res["failed"] is True and res["promoted"] is True
+    assert res["msg"].startswith("the verified config was promoted, but enabling main.service at boot failed: ")
+    assert "no such unit" in res["msg"]
+    assert (paths.known_good / "server.json").exists()
+
+
+@pytest.mark.parametrize("what", ["other config runs", "nothing runs", "pid reused"])
+def test_promote_refuses_a_candidate_that_is_not_what_runs(paths, monkeypatch, what):
+    paths.candidate_files()
+    journal_at(paths, "R1", journal_mod.LAUNCHED)
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+    if what == "other config runs":
+        paths.running(fingerprint="sha256:" + "cd" * 32)
+    elif what == "pid reused":
+        paths.running(start=starttime(os.getpid()) + 1)
+    res = run_module(sglang_promote, paths.args(), monkeypatch)
+    assert res["failed"] is True and res["promoted"] is False
+    assert res["msg"].startswith("the candidate record (%s) is not the config that runs now (" % FP)
+    assert ("sha256:" + "cd" * 32 if what == "other config runs" else "nothing runs") in res["msg"]
+    assert not paths.known_good.exists()
+    assert paths.journal()["step"] == journal_mod.LAUNCHED
+    assert lease_mod.read_holder(str(paths.lease))["owner"] == "R1"      # kept: the failure path settles and releases
+
+
+def test_promote_without_a_candidate_record(paths, monkeypatch):
+    res = run_module(sglang_promote, paths.args(), monkeypatch)
+    assert res["failed"] is True and res["msg"] == "there is no candidate record under %s to promote" % paths.candidate
+
+
+def test_check_mode_changes_nothing(paths, monkeypatch):
+    paths.candidate_files()
+    paths.running()
+    journal_at(paths, "R1", journal_mod.LAUNCHED)
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+    before = paths.journal()
+    res = run_module(sglang_promote, paths.args(), monkeypatch, check=True)
+    assert res["failed"] is False and res["changed"] is False
+    assert res["promoted"] is False and res["known_good"] == {"dir": str(paths.known_good), "fingerprint": FP}
+    assert res["released"] is False and res["journal_step"] == journal_mod.LAUNCHED
+    assert not paths.known_good.exists() and paths.journal() == before
+    assert lease_mod.read_holder(str(paths.lease))["owner"] == "R1"
+    # The outcome path in check mode: nothing recorded either.
+    res = run_module(sglang_promote, paths.args(promote=False, outcome="failed"), monkeypatch, check=True)
+    assert res["changed"] is False and paths.journal() == before and paths.lease.exists()
+
+
+# ---------------------------------------------------------------------------
+# promote=false: the outcome of a run that ended otherwise
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("outcome, step", [("failed", journal_mod.FAILED), ("rolled_back", journal_mod.ROLLED_BACK),
+                                           ("stopped", journal_mod.STOPPED)])
+def test_outcome_settles_this_runs_journal_entry(paths, monkeypatch, outcome, step):
+    journal_at(paths, "R1", journal_mod.VERIFYING)
+    res = run_module(sglang_promote, paths.args(promote=False, outcome=outcome, detail="smoke gate failed"), monkeypatch)
+    assert res["failed"] is False and res["changed"] is True and res["promoted"] is False
+    entry = paths.journal()
+    assert entry["step"] == step == res["journal_step"] and entry["detail"] == "smoke gate failed"
+    assert not paths.known_good.exists()
+
+
+def test_outcome_never_touches_another_runs_entry_or_a_settled_one(paths, monkeypatch):
+    journal_at(paths, "R0", journal_mod.LAUNCHING)
+    before = paths.journal()
+    res = run_module(sglang_promote, paths.args(promote=False, outcome="failed"), monkeypatch)
+    assert res["changed"] is False and paths.journal() == before and res["journal_step"] == journal_mod.LAUNCHING
+    journal_at(paths, "R1", journal_mod.ROLLED_BACK)                      # already settled by sglang_replace
+    before = paths.journal()
+    res = run_module(sglang_promote, paths.args(promote=False, outcome="failed"), monkeypatch)
+    assert res["changed"] is False and paths.journal() == before and res["journal_step"] == journal_mod.ROLLED_BACK
+    # The default outcome records nothing.
+    journal_at(paths, "R1", journal_mod.LAUNCHED)
+    before = paths.journal()
+    res = run_module(sglang_promote, paths.args(promote=False), monkeypatch)
+    assert res["changed"] is False and paths.journal() == before
+
+
+def test_outcome_without_a_journal_writes_none(paths, monkeypatch):
+    res = run_module(sglang_promote, paths.args(promote=False, outcome="failed"), monkeypatch)
+    assert res["changed"] is False and res["journal_step"] is None
+    assert not os.path.exists(journal_mod.path_for(str(paths.state_dir)))
+
+
+# ---------------------------------------------------------------------------
+# The lease
+# ---------------------------------------------------------------------------
+
+def test_release_only_this_runs_lease(paths, monkeypatch):
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+    res = run_module(sglang_promote, paths.args(promote=False, release=False), monkeypatch)
+    assert res["released"] is False and res["changed"] is False and paths.lease.exists()
+    res = run_module(sglang_promote, paths.args(promote=False), monkeypatch)
+    assert res["released"] is True and res["changed"] is True and not paths.lease.exists()
+    # Held by another run now (taken over while this run was away): warned, kept.
+    lease_mod.acquire(str(paths.lease), "R9", ttl=60)
+    res = run_module(sglang_promote, paths.args(promote=False), monkeypatch)
+    assert res["failed"] is False and res["released"] is False and res["changed"] is False
+    assert len(res["warnings"]) == 1 and "is held by run R9" in res["warnings"][0] and "not by run R1" in res["warnings"][0]
+    assert lease_mod.read_holder(str(paths.lease))["owner"] == "R9"
+    # No lease at all, or none named: nothing to release.
+    res = run_module(sglang_promote, paths.args(promote=False, lease={}), monkeypatch)
+    assert res["released"] is False and paths.lease.exists()
