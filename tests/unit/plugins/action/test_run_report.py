@@ -124,3 +124,45 @@ def test_action_names_the_variable_when_the_directory_cannot_be_written(tmp_path
     with pytest.raises(AnsibleActionFail) as info:
         plugin.run(task_vars={})
     assert str(info.value).startswith("Cannot write the report under %s: " % blocker) and "sglang_report_dir" in str(info.value)
+
+
+def test_on_error_warn_returns_the_error_without_failing(tmp_path):
+    """A report that cannot be written must never hide the outcome of a redeploy that already happened."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    plugin, connection = action({"path": str(blocker / "R1-redeploy"), "rows": ROWS, "on_error": "warn"})
+    result = plugin.run(task_vars={})
+    assert result["failed"] is False and result["changed"] is False
+    assert result["report_error"].startswith("Cannot write the report under %s: " % blocker)
+    assert "fix sglang_report_dir or its permissions" in result["report_error"]
+    assert result["warnings"] == [result["report_error"]]
+    assert result["json_path"] is None and result["markdown_path"] is None and result["hosts"] == []
+    assert blocker.read_text() == "" and not connection.exec_command.called
+
+
+def test_on_error_warn_for_a_file_that_is_not_a_report(tmp_path):
+    (tmp_path / "R1-redeploy.json").write_text('{"host": "a"}')
+    plugin, dummy = action({"path": str(tmp_path / "R1-redeploy"), "rows": ROWS, "on_error": "warn"})
+    result = plugin.run(task_vars={})
+    assert result["failed"] is False and "is not a JSON list of hosts" in result["report_error"]
+    assert (tmp_path / "R1-redeploy.json").read_text() == '{"host": "a"}' and not (tmp_path / "R1-redeploy.md").exists()
+
+
+def test_on_error_warn_when_the_write_works_is_the_plain_result(tmp_path):
+    plugin, dummy = action({"path": str(tmp_path / "R1-redeploy"), "title": "R1", "rows": ROWS, "on_error": "warn"})
+    result = plugin.run(task_vars={})
+    assert "report_error" not in result and result["hosts"] == ["gpu-01", "gpu-02"]
+    assert (tmp_path / "R1-redeploy.md").read_text() == (DATA / "report_two_hosts.md").read_text()
+
+
+def test_on_error_fail_is_the_default_and_other_values_are_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    plugin, dummy = action({"path": str(blocker / "R1-redeploy"), "rows": ROWS, "on_error": "fail"})
+    with pytest.raises(AnsibleActionFail) as info:
+        plugin.run(task_vars={})
+    assert "sglang_report_dir" in str(info.value)
+    plugin, dummy = action({"path": str(tmp_path / "R1-redeploy"), "rows": ROWS, "on_error": "ignore"})
+    with pytest.raises(AnsibleActionFail) as info:
+        plugin.run(task_vars={})
+    assert "on_error" in str(info.value) and not (tmp_path / "R1-redeploy.json").exists()
