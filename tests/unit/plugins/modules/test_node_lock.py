@@ -1,389 +1,271 @@
-"""Unit tests for the node_lock module: the pure helpers, and ``main()`` run in-process the
-ansible-core way (``patch_module_args``, ``exit_json``/``fail_json`` patched to raise).
+"""Unit tests for the node_lock module (the node lease of module_utils/lease.py, which test_lease.py covers
+function by function): ``main()`` run in-process the ansible-core way (``patch_module_args``,
+``exit_json``/``fail_json`` patched to raise): take, wait, take over, release, break, inspect, check mode,
+the argument errors and the generation counter.
 
-No process is started; the "other run" that holds a lock is a holder.json written by the test
-or a thread of this process.
+No process is started: the "other run" that holds a lease is a holder.json written by the test (or a
+thread of this process that releases it); a dead controller is a forked child that exited and was reaped.
 """
 from __future__ import annotations
 
 import json
 import os
-import socket
+import sys
 import threading
 import time
 
 import pytest
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from redeploy_testlib import mode_of, run_module  # noqa: E402 - after this directory is put on sys.path
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.modules import node_lock
 
-
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
+CONTROLLER = {"host": "ctl-1", "pid": 4242, "starttime": 1, "boot_id": "another-machine", "pidns": "pid:[1]", "user": "ops"}
 
 
 @pytest.fixture
 def run(monkeypatch):
-    """``run(args, check=False)`` -> the result dict of ``node_lock.main()`` (``failed`` always set,
-    ``warnings`` = what ``module.warn`` got)."""
-    warnings = []
-
-    def exit_json(self, **kwargs):
-        kwargs.setdefault("changed", False)
-        kwargs["failed"] = False
-        raise ExitJson(kwargs)
-
-    def fail_json(self, msg, **kwargs):
-        kwargs.update(failed=True, msg=msg)
-        raise FailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, msg, **kw: warnings.append(msg))
-
     def _run(args, check=False):
-        args = dict(args)
-        if check:
-            args["_ansible_check_mode"] = True
-        del warnings[:]
-        with patch_module_args(args):
-            with pytest.raises((ExitJson, FailJson)) as info:
-                node_lock.main()
-        result = info.value.args[0]
-        result["warnings"] = list(warnings)
-        return result
-
+        return run_module(node_lock, args, monkeypatch, check=check)
     return _run
 
 
-def write_holder(path, **record):
-    os.mkdir(str(path))
-    data = dict(owner="other-run", host="gpu-01", pid=4242, since=time.time(), controller="")
-    data.update(record)
-    (path / node_lock.HOLDER).write_text(json.dumps(data))
-    return data
+def held_by(path, owner="other-run", expires_in=300.0, **fields):
+    """A lease taken by another run (a record written the way lease.acquire writes it)."""
+    now = time.time()
+    record = lease_mod.new_record(owner, controller=fields.pop("controller", CONTROLLER), ttl=300, now=now)
+    record.update(expires_at=now + expires_in, **fields)
+    os.makedirs(str(path), 0o700)
+    (path / lease_mod.HOLDER).write_text(json.dumps(record))
+    return record
+
+
+def dead_pid():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
 
 
 # ---------------------------------------------------------------------------
-# Pure helpers
+# state=acquired
 # ---------------------------------------------------------------------------
 
-def test_try_acquire_creates_the_lock_once(tmp_path):
-    lock = tmp_path / "lock"
-    record = {"owner": "a", "since": 1.0}
-    assert node_lock.try_acquire(str(lock), record) is True
-    assert node_lock.read_holder(str(lock)) == record
-    assert sorted(os.listdir(str(lock))) == [node_lock.HOLDER]          # the .tmp file is gone
-    assert oct(os.stat(str(lock)).st_mode & 0o777) == oct(0o700)
-    assert node_lock.try_acquire(str(lock), {"owner": "b"}) is False
-    assert node_lock.read_holder(str(lock))["owner"] == "a"
-
-
-def test_try_acquire_missing_parent_raises(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        node_lock.try_acquire(str(tmp_path / "no" / "lock"), {"owner": "a"})
-
-
-def test_read_holder_missing_broken_and_non_object(tmp_path):
-    lock = tmp_path / "lock"
-    assert node_lock.read_holder(str(lock)) is None
-    lock.mkdir()
-    assert node_lock.read_holder(str(lock)) is None                      # taken, holder.json not yet written
-    (lock / node_lock.HOLDER).write_text("{not json")
-    assert node_lock.read_holder(str(lock)) is None
-    (lock / node_lock.HOLDER).write_text("[1, 2]")
-    assert node_lock.read_holder(str(lock)) is None
-    (lock / node_lock.HOLDER).write_text('{"owner": "x"}')
-    assert node_lock.read_holder(str(lock)) == {"owner": "x"}
-
-
-def test_lock_age_from_since_from_mtime_and_when_gone(tmp_path):
-    lock = tmp_path / "lock"
-    assert node_lock.lock_age(str(lock), None) == 0.0                    # no lock at all
-    lock.mkdir()
-    assert 99 < node_lock.lock_age(str(lock), {"since": time.time() - 100}) < 110
-    assert node_lock.lock_age(str(lock), {"since": time.time() + 100}) == 0.0   # clock skew: never negative
-    old = time.time() - 500
-    os.utime(str(lock), (old, old))
-    assert 499 < node_lock.lock_age(str(lock), None) < 510               # no holder.json: the directory's age
-    assert 499 < node_lock.lock_age(str(lock), {"owner": "x"}) < 510
-    assert 499 < node_lock.lock_age(str(lock), {"since": "garbage"}) < 510
-
-
-def test_describe_names_run_host_pid_controller_and_age():
-    text = node_lock.describe({"owner": "run-7", "host": "gpu-01", "pid": 99, "since": time.time() - 42,
-                               "controller": "awx-3"})
-    assert text.startswith("run run-7 on gpu-01 (pid 99, controller awx-3) since 4")
-    assert text.endswith(" s ago")
-    plain = node_lock.describe({"owner": "run-8", "host": "gpu-02", "pid": 5, "since": time.time(), "controller": ""})
-    assert plain.startswith("run run-8 on gpu-02 (pid 5) since ") and "controller" not in plain
-    assert node_lock.describe({"owner": "run-9"}) == "run run-9 on ? (pid None)"
-    assert node_lock.describe({"owner": "run-9", "since": None}) == "run run-9 on ? (pid None)"
-    assert node_lock.describe(None) == "an unknown holder (no holder.json yet)"
-    assert node_lock.describe({}) == "an unknown holder (no holder.json yet)"
-
-
-def test_take_over_removes_only_the_stale_lock_it_saw(tmp_path):
-    lock = tmp_path / "lock"
-    seen = write_holder(lock, since=time.time() - 10000)
-    # Someone else took it over and holds it fresh now: not removed.
-    assert node_lock.take_over(str(lock), dict(seen, owner="someone-else"), 7200) is False
-    assert lock.is_dir()
-    # Not older than stale_after: not removed.
-    assert node_lock.take_over(str(lock), seen, 20000) is False
-    assert lock.is_dir()
-    assert node_lock.take_over(str(lock), seen, 7200) is True
-    assert not lock.exists()
-    assert sorted(os.listdir(str(tmp_path))) == []                       # no guard, no renamed leftovers
-    assert node_lock.take_over(str(lock), seen, 7200) is False           # gone already
-
-
-def test_take_over_waits_for_a_running_takeover_and_clears_an_abandoned_guard(tmp_path):
-    lock = tmp_path / "lock"
-    seen = write_holder(lock, since=time.time() - 10000)
-    guard = tmp_path / "lock.takeover"
-    guard.mkdir()
-    assert node_lock.take_over(str(lock), seen, 7200) is False           # another waiter is at it
-    assert guard.is_dir() and lock.is_dir()
-    old = time.time() - node_lock.GUARD_STALE_S - 5
-    os.utime(str(guard), (old, old))
-    assert node_lock.take_over(str(lock), seen, 7200) is False           # clears the abandoned guard ...
-    assert not guard.exists()
-    assert node_lock.take_over(str(lock), seen, 7200) is True            # ... so the next try works
-
-
-def test_take_over_with_a_lock_without_holder_json(tmp_path):
-    lock = tmp_path / "lock"
-    lock.mkdir()
-    old = time.time() - 10000
-    os.utime(str(lock), (old, old))
-    assert node_lock.take_over(str(lock), None, 7200) is True
-
-
-def test_take_over_fails_cleanly_when_the_lock_cannot_be_moved(tmp_path, monkeypatch):
-    lock = tmp_path / "lock"
-    seen = write_holder(lock, since=time.time() - 10000)
-
-    def refuse(src, dst):
-        raise PermissionError(13, "Permission denied", src)
-
-    monkeypatch.setattr(node_lock.os, "rename", refuse)
-    assert node_lock.take_over(str(lock), seen, 7200) is False
-    assert lock.is_dir() and not (tmp_path / "lock.takeover").exists()
-
-
-def test_take_over_guard_cannot_be_created(tmp_path):
-    assert node_lock.take_over(str(tmp_path / "missing" / "lock"), None, 1) is False
-
-
-def test_two_takeovers_of_one_stale_lock_leave_exactly_one_fresh_holder(tmp_path):
-    """The race the guard exists for: both waiters saw the same stale lock."""
-    lock = tmp_path / "lock"
-    seen = write_holder(lock, since=time.time() - 10000)
-    assert node_lock.take_over(str(lock), seen, 7200) is True
-    assert node_lock.try_acquire(str(lock), {"owner": "first", "since": time.time()}) is True
-    # The second waiter, late: its view of the holder is the stale record; the fresh lock stays.
-    assert node_lock.take_over(str(lock), seen, 7200) is False
-    assert node_lock.read_holder(str(lock))["owner"] == "first"
-
-
-# ---------------------------------------------------------------------------
-# main()
-# ---------------------------------------------------------------------------
-
-def test_acquire_free_lock_creates_parent_and_records_the_holder(run, tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUFLEET_CONTROLLER", "ctl-1")
-    lock = tmp_path / "a" / "b" / "lock"
-    res = run({"path": str(lock), "owner": "run-1"})
+def test_acquire_a_free_lease_makes_the_parent_and_records_the_holder(run, tmp_path):
+    lock = tmp_path / "a" / "b" / "lease"
+    before = time.time()
+    res = run({"path": str(lock), "owner": "run-1", "controller": CONTROLLER, "ttl": 120})
     assert res["failed"] is False and res["changed"] is True and res["acquired"] is True
-    assert res["waited"] < 1.0
-    assert "stale_takeover" not in res
-    holder = json.loads((lock / node_lock.HOLDER).read_text())
+    assert res["state"] == {"state": "free", "reason": "not held"} and "took_over" not in res
+    holder = json.loads((lock / lease_mod.HOLDER).read_text())
     assert holder == res["holder"]
-    assert holder["owner"] == "run-1" and holder["host"] == socket.gethostname()
-    assert holder["controller"] == "ctl-1" and holder["pid"] == os.getppid()
-    assert abs(holder["since"] - time.time()) < 30
+    assert holder["owner"] == "run-1" and holder["controller"] == CONTROLLER and holder["ttl"] == 120
+    assert before <= holder["taken_at"] <= time.time() and holder["expires_at"] == holder["taken_at"] + 120
+    assert holder["node"] == lease_mod.local_identity()
+    assert mode_of(lock) == oct(0o700) and mode_of(lock / lease_mod.HOLDER) == oct(0o600)
+    assert res["generation"] == 1 and (tmp_path / "a" / "b" / "lease.generation").read_text() == "1\n"
+    assert res["warnings"] == []
 
 
-def test_acquire_again_by_the_same_owner_is_a_no_op(run, tmp_path):
-    lock = tmp_path / "lock"
+def test_acquire_again_by_the_same_owner_renews_and_is_no_change(run, tmp_path):
+    lock = tmp_path / "lease"
     first = run({"path": str(lock), "owner": "run-1"})
-    again = run({"path": str(lock), "owner": "run-1"})
+    again = run({"path": str(lock), "owner": "run-1", "ttl": 600})
     assert again["failed"] is False and again["changed"] is False and again["acquired"] is True
-    assert again["holder"] == first["holder"]
+    assert again["state"]["state"] == "mine" and again["generation"] == first["generation"] == 1
+    assert again["holder"]["taken_at"] == first["holder"]["taken_at"] and again["holder"]["ttl"] == 600
+    assert again["holder"]["expires_at"] >= first["holder"]["expires_at"]
 
 
-def test_acquire_held_lock_fails_at_once_naming_the_holder(run, tmp_path):
-    lock = tmp_path / "lock"
-    held = write_holder(lock, owner="run-A", host="ctl-host", pid=777, since=time.time() - 30)
+def test_a_live_holder_fails_at_once_naming_it_and_how_to_break_it(run, tmp_path):
+    lock = tmp_path / "lease"
+    held = held_by(lock, owner="run-A")
     res = run({"path": str(lock), "owner": "run-B"})
-    assert res["failed"] is True and res["acquired"] is False
-    assert res["msg"].startswith("Another redeploy holds the node lock %s: run run-A on ctl-host (pid 777) since 3" % lock)
-    assert "timeout=0.0" in res["msg"] and "force=true" in res["msg"]
-    assert res["holder"] == held
-    assert res["waited"] < 1.0
-    assert node_lock.read_holder(str(lock)) == held                      # untouched
+    assert res["failed"] is True and res["acquired"] is False and res["changed"] is False
+    assert res["msg"].startswith("another redeploy holds the node lease %s: run run-A from controller ctl-1 PID 4242 (user ops)"
+                                 % lock)
+    assert "sglang_lock_timeout=0" in res["msg"] and "-e sglang_lease_break=run-A" in res["msg"]
+    assert res["holder"] == held and res["state"]["state"] == "live"
+    assert lease_mod.read_holder(str(lock)) == held                       # untouched
 
 
-def test_acquire_waits_then_times_out(run, tmp_path):
-    lock = tmp_path / "lock"
-    write_holder(lock, owner="run-A")
-    began = time.monotonic()
+def test_a_live_holder_is_waited_for_up_to_the_timeout(run, tmp_path):
+    lock = tmp_path / "lease"
+    held_by(lock, owner="run-A")
     res = run({"path": str(lock), "owner": "run-B", "timeout": 0.6})
-    assert res["failed"] is True and "run run-A" in res["msg"] and "timeout=0.6" in res["msg"]
-    assert 0.55 <= res["waited"] and time.monotonic() - began < 10
+    assert res["failed"] is True and "run run-A" in res["msg"] and "sglang_lock_timeout=0.6" in res["msg"]
+    assert res["waited"] >= 0.6                                           # it waited the whole timeout, then gave up
+    assert lease_mod.read_holder(str(lock))["owner"] == "run-A"
 
 
-def test_acquire_waits_for_the_holder_to_release(run, tmp_path):
-    lock = tmp_path / "lock"
-    write_holder(lock, owner="run-A")
+def test_a_holder_that_releases_while_we_wait(run, tmp_path, monkeypatch):
+    lock = tmp_path / "lease"
+    held_by(lock, owner="run-A")
+    judged = []
+    seen_busy = threading.Event()
+    real_judge = lease_mod.judge
 
-    def release_later():
-        time.sleep(0.4)
-        os.unlink(str(lock / node_lock.HOLDER))
-        os.rmdir(str(lock))
+    def judge(*args, **kwargs):
+        out = real_judge(*args, **kwargs)
+        judged.append(out[0])
+        if len(judged) >= 2:          # the module's inspection, then the acquire loop found it held
+            seen_busy.set()
+        return out
 
-    releaser = threading.Thread(target=release_later)
+    monkeypatch.setattr(lease_mod, "judge", judge)
+    releaser = threading.Thread(target=lambda: seen_busy.wait(30) and lease_mod.release(str(lock), "run-A"))
     releaser.start()
     try:
-        res = run({"path": str(lock), "owner": "run-B", "timeout": 30})
+        res = run({"path": str(lock), "owner": "run-B", "timeout": 60})
     finally:
+        seen_busy.set()
         releaser.join()
+    assert judged[:2] == ["live", "live"]
     assert res["failed"] is False and res["acquired"] is True and res["changed"] is True
-    assert 0.3 <= res["waited"] < 25
-    assert node_lock.read_holder(str(lock))["owner"] == "run-B"
+    assert res["state"]["state"] == "live" and res["waited"] > 0
+    assert res["holder"]["owner"] == "run-B" and "took_over" not in res
+    assert lease_mod.read_holder(str(lock))["owner"] == "run-B"
 
 
-def test_acquire_takes_over_a_stale_lock_and_warns(run, tmp_path):
-    lock = tmp_path / "lock"
-    stale = write_holder(lock, owner="dead-run", since=time.time() - 8000)
+def test_an_expired_lease_is_taken_over_and_said_loudly(run, tmp_path):
+    lock = tmp_path / "lease"
+    stale = held_by(lock, owner="dead-run", expires_in=-100)
+    (tmp_path / "lease.generation").write_text("7\n")
     res = run({"path": str(lock), "owner": "run-B"})
-    assert res["failed"] is False and res["acquired"] is True
-    assert res["stale_takeover"] == stale
-    assert len(res["warnings"]) == 1 and "Took over an abandoned lock" in res["warnings"][0]
-    assert "run dead-run" in res["warnings"][0]
-    assert node_lock.read_holder(str(lock))["owner"] == "run-B"
-    assert sorted(os.listdir(str(tmp_path))) == ["lock", "lock.generation"]     # no guard or stale copy left
+    assert res["failed"] is False and res["acquired"] is True and res["changed"] is True
+    assert res["took_over"] == stale and res["state"]["state"] == "expired"
+    assert len(res["warnings"]) == 1
+    assert res["warnings"][0].startswith("took over the node lease %s from run dead-run from controller ctl-1 PID 4242" % lock)
+    assert "its deadline passed" in res["warnings"][0]
+    assert lease_mod.read_holder(str(lock))["owner"] == "run-B" and res["generation"] == 8
+    assert sorted(os.listdir(str(tmp_path))) == ["lease", "lease.generation"]      # no guard or stale copy left
 
 
-def test_acquire_stale_takeover_disabled(run, tmp_path):
-    lock = tmp_path / "lock"
-    write_holder(lock, owner="dead-run", since=time.time() - 8000)
-    res = run({"path": str(lock), "owner": "run-B", "stale_after": 0})
-    assert res["failed"] is True and "run dead-run" in res["msg"]
+def test_a_lease_whose_controller_on_this_machine_is_gone_is_taken_over_before_its_deadline(run, tmp_path):
+    lock = tmp_path / "lease"
+    local = lease_mod.local_identity()
+    gone = dict(CONTROLLER, pid=dead_pid(), boot_id=local["boot_id"], pidns=local["pidns"])
+    held_by(lock, owner="killed-run", controller=gone, expires_in=3000)
+    res = run({"path": str(lock), "owner": "run-B"})
+    assert res["acquired"] is True and res["took_over"]["owner"] == "killed-run" and res["state"]["state"] == "dead"
+    assert "its controller (PID %d on ctl-1) is gone" % gone["pid"] in res["warnings"][0]
 
 
-def test_acquire_stale_lock_that_cannot_be_removed_times_out_instead_of_spinning(run, tmp_path, monkeypatch):
-    lock = tmp_path / "lock"
-    write_holder(lock, owner="dead-run", since=time.time() - 8000)
-    calls = []
-
-    def refuse(src, dst):
-        calls.append(src)
-        raise PermissionError(13, "Permission denied", src)
-
-    monkeypatch.setattr(node_lock.os, "rename", refuse)
-    res = run({"path": str(lock), "owner": "run-B", "timeout": 0.5})
-    assert res["failed"] is True and "run dead-run" in res["msg"]
-    assert 1 <= len(calls) < 20                                            # retried with back-off, not a busy loop
+def test_a_controller_on_another_machine_is_judged_by_the_deadline_only(run, tmp_path):
+    lock = tmp_path / "lease"
+    held_by(lock, owner="remote-run", controller=dict(CONTROLLER, pid=dead_pid()), expires_in=3000)
+    res = run({"path": str(lock), "owner": "run-B"})
+    assert res["failed"] is True and res["state"]["state"] == "live"
 
 
-def test_check_mode_inspects_only(run, tmp_path):
-    lock = tmp_path / "lock"
+# ---------------------------------------------------------------------------
+# Check mode and state=inspected
+# ---------------------------------------------------------------------------
+
+def test_check_mode_and_inspected_only_look(run, tmp_path):
+    lock = tmp_path / "locks" / "lease"
     free = run({"path": str(lock), "owner": "run-1"}, check=True)
-    assert free["changed"] is True and free["acquired"] is False and free["holder"] == {}
-    assert not lock.exists()
-    held = write_holder(lock, owner="run-A")
-    busy = run({"path": str(lock), "owner": "run-1"}, check=True)
-    assert busy["failed"] is False and busy["changed"] is False and busy["holder"] == held
+    assert free["changed"] is False and free["acquired"] is False and free["holder"] == {} and free["generation"] == 0
+    assert free["state"]["state"] == "free" and not (tmp_path / "locks").exists()
+    held = held_by(lock, owner="run-A")
+    for args, check in (({"path": str(lock), "owner": "run-1"}, True), ({"path": str(lock), "owner": "run-1",
+                                                                          "state": "inspected"}, False)):
+        busy = run(args, check=check)
+        assert busy["failed"] is False and busy["changed"] is False and busy["acquired"] is False
+        assert busy["holder"] == held and busy["state"]["state"] == "live"
     mine = run({"path": str(lock), "owner": "run-A"}, check=True)
-    assert mine["changed"] is False and mine["acquired"] is True
+    assert mine["acquired"] is True and mine["state"]["state"] == "mine"
     rel = run({"path": str(lock), "owner": "run-A", "state": "released"}, check=True)
-    assert rel["changed"] is True and lock.is_dir()                        # would release, did not
+    assert rel["changed"] is False and lock.is_dir()                      # check mode releases nothing
+    assert lease_mod.read_holder(str(lock)) == held
 
 
-def test_check_mode_reports_a_stale_lock_as_takeable(run, tmp_path):
-    lock = tmp_path / "lock"
-    write_holder(lock, owner="dead-run", since=time.time() - 8000)
+def test_check_mode_reports_an_expired_lease_without_taking_it(run, tmp_path):
+    lock = tmp_path / "lease"
+    held_by(lock, owner="dead-run", expires_in=-10)
     res = run({"path": str(lock), "owner": "run-1"}, check=True)
-    assert res["changed"] is True and res["acquired"] is False
-    assert node_lock.read_holder(str(lock))["owner"] == "dead-run"
+    assert res["acquired"] is False and res["state"]["state"] == "expired" and "its deadline passed" in res["state"]["reason"]
+    assert lease_mod.read_holder(str(lock))["owner"] == "dead-run"
 
+
+# ---------------------------------------------------------------------------
+# state=released and state=broken
+# ---------------------------------------------------------------------------
 
 def test_release_by_the_owner(run, tmp_path):
-    lock = tmp_path / "lock"
+    lock = tmp_path / "lease"
     run({"path": str(lock), "owner": "run-1"})
     res = run({"path": str(lock), "owner": "run-1", "state": "released"})
     assert res["failed"] is False and res["changed"] is True and res["acquired"] is False
-    assert res["holder"]["owner"] == "run-1"
-    assert not lock.exists()
+    assert res["holder"]["owner"] == "run-1" and res["generation"] == 1
+    assert sorted(os.listdir(str(tmp_path))) == ["lease.generation"]       # kept across releases
 
 
-def test_release_of_a_free_lock_is_a_no_op(run, tmp_path):
-    res = run({"path": str(tmp_path / "lock"), "owner": "run-1", "state": "released"})
-    assert res == {"changed": False, "acquired": False, "holder": {}, "waited": 0.0, "generation": 0, "failed": False, "warnings": []}
+def test_release_of_a_free_lease_is_a_no_op(run, tmp_path):
+    res = run({"path": str(tmp_path / "lease"), "owner": "run-1", "state": "released"})
+    assert res == {"changed": False, "acquired": False, "holder": {}, "state": {"state": "free", "reason": "not held"},
+                   "waited": 0.0, "generation": 0, "failed": False, "warnings": []}
 
 
 def test_release_by_another_owner_is_refused_unless_forced(run, tmp_path):
-    lock = tmp_path / "lock"
-    held = write_holder(lock, owner="run-A")
+    lock = tmp_path / "lease"
+    held = held_by(lock, owner="run-A")
     res = run({"path": str(lock), "owner": "run-B", "state": "released"})
-    assert res["failed"] is True and res["holder"] == held
-    assert res["msg"].startswith("Lock %s is held by run run-A on gpu-01 (pid 4242)" % lock)
-    assert "not by run-B; set force=true" in res["msg"]
-    assert lock.is_dir()
+    assert res["failed"] is True and res["holder"] == held and lock.is_dir()
+    assert res["msg"].startswith("the node lease %s is held by run run-A" % lock)
+    assert "not by run run-B" in res["msg"] and res["msg"].endswith("(set force=true to remove it anyway)")
     forced = run({"path": str(lock), "owner": "run-B", "state": "released", "force": True})
     assert forced["failed"] is False and forced["changed"] is True and forced["holder"] == held
-    assert not lock.exists()
+    assert not lock.exists() and forced["warnings"] == []
 
 
-def test_release_of_a_lock_without_holder_json(run, tmp_path):
-    lock = tmp_path / "lock"
+def test_break_removes_whatever_holds_it_and_names_the_holder(run, tmp_path):
+    lock = tmp_path / "lease"
+    held = held_by(lock, owner="run-A")
+    res = run({"path": str(lock), "owner": "operator", "state": "broken"})
+    assert res["failed"] is False and res["changed"] is True and res["holder"] == held and not lock.exists()
+    assert len(res["warnings"]) == 1 and res["warnings"][0].startswith("broke the node lease %s of run run-A" % lock)
+    again = run({"path": str(lock), "owner": "operator", "state": "broken"})
+    assert again["changed"] is False and again["warnings"] == []
+    # A lease left without holder record (a run killed between mkdir and the write) can be broken too.
     lock.mkdir()
-    res = run({"path": str(lock), "owner": "run-B", "state": "released"})
-    assert res["changed"] is True and res["holder"] == {} and not lock.exists()
+    empty = run({"path": str(lock), "owner": "operator", "state": "broken"})
+    assert empty["changed"] is True and empty["holder"] == {} and not lock.exists()
 
 
-def test_argument_errors(run, tmp_path):
-    res = run({"path": str(tmp_path / "lock")})
-    assert res["failed"] is True and "owner" in res["msg"]
-    res = run({"path": str(tmp_path / "lock"), "owner": "x", "state": "open"})
-    assert res["failed"] is True and "state" in res["msg"]
+# ---------------------------------------------------------------------------
+# Arguments and the generation counter
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, text", [
+    ({}, "owner"),
+    ({"owner": "x", "state": "open"}, "state"),
+    ({"owner": "x", "ttl": 29}, "ttl must be at least 30 seconds, got 29"),
+    ({"owner": "x", "timeout": -1}, "timeout must be 0 or more seconds, got -1"),
+])
+def test_argument_errors_touch_nothing(run, tmp_path, args, text):
+    res = run(dict({"path": str(tmp_path / "lease")}, **args))
+    assert res["failed"] is True and text in res["msg"]
+    assert os.listdir(str(tmp_path)) == []
 
 
-def test_generation_counts_every_acquisition_across_releases(run, tmp_path):
-    lock = tmp_path / "lock"
-    counter = tmp_path / "lock.generation"
-    assert node_lock.read_generation(str(lock)) == 0
-    first = run({"path": str(lock), "owner": "run-1"})
-    assert first["generation"] == 1 and counter.read_text() == "1\n"
-    again = run({"path": str(lock), "owner": "run-1"})                   # the same owner again: not a new acquisition
-    assert again["changed"] is False and again["generation"] == 1
-    check = run({"path": str(lock), "owner": "run-2"}, check=True)
-    assert check["generation"] == 1
+def test_generation_counts_every_acquisition_across_releases_and_takeovers(run, tmp_path):
+    lock = tmp_path / "lease"
+    counter = tmp_path / "lease.generation"
+    assert run({"path": str(lock), "owner": "run-1"})["generation"] == 1
+    assert run({"path": str(lock), "owner": "run-1"})["generation"] == 1          # the same owner again
     busy = run({"path": str(lock), "owner": "run-2"})
     assert busy["failed"] is True and busy["generation"] == 1
-    released = run({"path": str(lock), "owner": "run-1", "state": "released"})
-    assert released["generation"] == 1 and counter.exists() and not lock.exists()   # kept across releases
-    second = run({"path": str(lock), "owner": "run-2"})
-    assert second["generation"] == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["lock", "lock.generation"]     # no temporary file left
-    assert counter.read_text() == "2\n" and oct(counter.stat().st_mode & 0o777) == oct(0o644)
-
-
-def test_generation_of_a_stale_takeover_and_of_a_broken_counter(run, tmp_path):
-    lock = tmp_path / "lock"
-    write_holder(lock, owner="dead-run", since=time.time() - 8000)
-    (tmp_path / "lock.generation").write_text("7\n")
-    res = run({"path": str(lock), "owner": "run-1"})
-    assert res["stale_takeover"]["owner"] == "dead-run" and res["generation"] == 8
-    run({"path": str(lock), "owner": "run-1", "state": "released"})
-    (tmp_path / "lock.generation").write_text("garbage")
-    assert node_lock.read_generation(str(lock)) == 0
-    assert run({"path": str(lock), "owner": "run-2"})["generation"] == 1
+    assert run({"path": str(lock), "owner": "run-1", "state": "released"})["generation"] == 1
+    assert run({"path": str(lock), "owner": "run-2"})["generation"] == 2
+    run({"path": str(lock), "owner": "run-2", "state": "released"})
+    held_by(lock, owner="dead-run", expires_in=-5)
+    assert run({"path": str(lock), "owner": "run-3"})["generation"] == 3
+    assert counter.read_text() == "3\n" and mode_of(counter) == oct(0o644)
+    run({"path": str(lock), "owner": "run-3", "state": "released"})
+    counter.write_text("garbage")
+    assert run({"path": str(lock), "owner": "run-4"})["generation"] == 1
