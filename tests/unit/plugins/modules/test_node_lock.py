@@ -172,8 +172,8 @@ def test_check_mode_and_inspected_only_look(run, tmp_path):
     assert free["changed"] is False and free["acquired"] is False and free["holder"] == {} and free["generation"] == 0
     assert free["state"]["state"] == "free" and not (tmp_path / "locks").exists()
     held = held_by(lock, owner="run-A")
-    for args, check in (({"path": str(lock), "owner": "run-1"}, True), ({"path": str(lock), "owner": "run-1",
-                                                                          "state": "inspected"}, False)):
+    looks = [({"path": str(lock), "owner": "run-1"}, True), ({"path": str(lock), "owner": "run-1", "state": "inspected"}, False)]
+    for args, check in looks:
         busy = run(args, check=check)
         assert busy["failed"] is False and busy["changed"] is False and busy["acquired"] is False
         assert busy["holder"] == held and busy["state"]["state"] == "live"
