@@ -46,11 +46,21 @@ options:
     description: C(load_format) of the update. Unset uses the server's own.
     type: str
   previous:
-    description:
-      - The checkpoint to roll back to, for O(state=rolled_back). Keys C(model_path) (required), C(weight_version)
-        and C(checksum), the C(per_engine_checksum) recorded while it served (RV(checksums.before)); with
-        C(checksum) the rollback must restore exactly those weights.
+    description: The checkpoint to roll back to, for O(state=rolled_back).
     type: dict
+    suboptions:
+      model_path:
+        description: Its checkpoint directory.
+        type: str
+        required: true
+      weight_version:
+        description: Its weight version tag; unset accepts any.
+        type: str
+      checksum:
+        description:
+          - The C(per_engine_checksum) recorded while it served (C(checksums.before.per_engine_checksum) of the update); with it the
+            rollback must restore exactly those weights.
+        type: str
   state:
     description: V(updated) swaps in O(model_path); V(rolled_back) swaps O(previous) back in.
     type: str

@@ -96,8 +96,8 @@ def test_update_idempotence_check_mode_rollback_and_failure(run, server, tmp_pat
     again = run(dict(base, model_path=v2, weight_version="step-2000"))
     assert again["changed"] is False and "already serves" in again["message"]
     before = done["checksums"]["before"]["per_engine_checksum"]
-    back = run(dict(base, state="rolled_back", previous={"model_path": v1, "weight_version": "default",
-                                                           "checksum": before}))
+    previous = {"model_path": v1, "weight_version": "default", "checksum": before}
+    back = run(dict(base, state="rolled_back", previous=previous))
     assert back["changed"] is True and back["checksums"]["after"]["per_engine_checksum"] == before
     assert run(dict(base, state="rolled_back", previous={"model_path": v1, "weight_version": "default"}))["changed"] is False
     failed = run(dict(base, model_path=str(tmp_path / "nowhere")))
