@@ -1,5 +1,11 @@
-"""Unit tests for sglang_launch's pure helpers and module_utils/http.py,
-module_utils/sglang_process.py (masking, comparison, state file, stop)."""
+"""Unit tests for sglang_launch: module_utils/http.py, module_utils/sglang_process.py (masking, state file,
+spawn and stop), the effective-config comparison it runs (module_utils/sglang/compare.py), and the module
+itself: ``main()`` in-process (``patch_module_args``) over the launch engine (module_utils/launcher.py) with
+the process, HTTP and systemctl calls replaced by fakes, so that no server process is started.
+
+module_utils/launcher.py itself (plan, current, write_files, records) is tested in
+tests/unit/plugins/module_utils/test_launcher.py, and the engine against the real fake SGLang server in
+test_sglang_replace.py."""
 from __future__ import annotations
 
 import http.server
@@ -13,9 +19,18 @@ import time
 
 import pytest
 
+from ansible.module_utils import basic
+
 from ansible_collections.gpufleet.sglang.plugins.module_utils import http as h
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import compare
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_launch as m
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from redeploy_testlib import run_module  # noqa: E402 - after this directory is put on sys.path
 
 SECRET = "sk-unit-7f3a9c"
 
@@ -398,7 +413,7 @@ def test_kill_leftovers_of_a_dead_leader(tmp_path, sleepers):
     ("json_model_override_args", '{"rope":2}', {"rope": 2}),
 ])
 def test_same_value(arg, intended, running):
-    assert m.same_value(arg, intended, running)
+    assert compare.same_value(arg, intended, running)
 
 
 @pytest.mark.parametrize("arg,intended,running", [
@@ -410,50 +425,52 @@ def test_same_value(arg, intended, running):
     ("mem_fraction_static", 0.85, 0.8),
 ])
 def test_different_value(arg, intended, running):
-    assert not m.same_value(arg, intended, running)
+    assert not compare.same_value(arg, intended, running)
 
 
 def test_normalise_edge_cases():
-    assert m.normalise("x", None) is None
-    assert m.normalise("x", "None") is None
-    assert m.normalise("x", " 7 ") == 7.0
-    assert m.normalise("x", "nan") == "nan"
-    assert m.normalise("x", "abc") == "abc"
+    assert compare.normalise("x", None) is None
+    assert compare.normalise("x", "None") is None
+    assert compare.normalise("x", " 7 ") == 7.0
+    assert compare.normalise("x", "nan") == "nan"
+    assert compare.normalise("x", "abc") == "abc"
 
 
-def _explain(arg, intended, running, version, args=None):
+def _explain(arg, intended, running, version, args=None, adjustments=()):
     return "because %s" % arg
 
 
-def test_compare_reports_overrides_and_unverified():
+def test_compare_reports_overrides_and_unverified(monkeypatch):
+    monkeypatch.setattr(compare, "explain", _explain)
     expect = {"speculative-num-draft-tokens": 16, "speculative_num_steps": 1, "tp_size": "8",
               "not_reported": 3, "skip_me": None}
     info = {"speculative_num_draft_tokens": 2, "speculative_num_steps": 1, "tp_size": 8,
             "internal_states": [{"not_top": 1}]}
-    overrides, unverified = m.compare(expect, info, "0.5.23", args=expect, explain=_explain)
+    overrides, unverified = compare.compare(expect, info, "0.5.23", args=expect)
     assert overrides == [{"arg": "speculative_num_draft_tokens", "intended": 16, "running": 2,
                           "explanation": "because speculative_num_draft_tokens"}]
     assert unverified == ["not_reported"]
-    assert m.lookup_effective(info, "not_top") == (True, 1)
-    assert m.lookup_effective({}, "x") == (False, None)
+    assert compare.lookup_effective(info, "not_top") == (True, 1)
+    assert compare.lookup_effective({}, "x") == (False, None)
 
 
-def test_compare_survives_a_failing_explain():
+def test_compare_survives_a_failing_explain(monkeypatch):
     def broken(*args, **kwargs):
         raise KeyError("nope")
-    overrides, dummy = m.compare({"a": 1}, {"a": 2}, "0.5.23", explain=broken)
+    monkeypatch.setattr(compare, "explain", broken)
+    overrides, dummy = compare.compare({"a": 1}, {"a": 2}, "0.5.23")
     assert overrides[0]["explanation"].startswith("no explanation available")
 
 
 def test_format_override():
     item = {"arg": "speculative_num_draft_tokens", "intended": 16, "running": 2,
             "explanation": "SGLang sets it to num_steps + 1 when speculative_eagle_topk == 1; set speculative_num_steps: 15"}
-    assert m.format_override(item) == (
+    assert compare.format_override(item) == (
         "speculative_num_draft_tokens: intended 16, running 2 \u2014 SGLang sets it to num_steps + 1 when "
         "speculative_eagle_topk == 1; set speculative_num_steps: 15")
-    full = dict(item, explanation=m.format_override(item))
-    assert m.format_override(full) == full["explanation"]
-    assert m.format_override({"arg": "a", "intended": "x", "running": None, "explanation": ""}) == "a: intended x, running null"
+    full = dict(item, explanation=compare.format_override(item))
+    assert compare.format_override(full) == full["explanation"]
+    assert compare.format_override({"arg": "a", "intended": "x", "running": None, "explanation": ""}) == "a: intended x, running null"
 
 
 def test_scan_log_masks_and_dedupes():
@@ -461,126 +478,51 @@ def test_scan_log_masks_and_dedupes():
     text = "\n".join(["INFO server_args=ServerArgs(api_key='%s')" % SECRET, line, line,
                       "WARNING Max running requests is reset to 48 for speculative decoding. You can override this by "
                       "explicitly setting --max-running-requests. key %s" % SECRET])
-    found = m.scan_log(text, "0.5.23", [SECRET])
+    found = compare.scan_log(text, "0.5.23", [SECRET])
     assert [f["arg"] for f in found] == ["speculative_num_draft_tokens", "max_running_requests"]
     assert found[0]["line"] == line and found[0]["rule"] == "eagle.topk1_draft_tokens"
     assert SECRET not in json.dumps(found)
-    assert m.scan_log(text, "0.4.6", [SECRET])[0]["arg"] == "speculative_num_draft_tokens"
+    assert compare.scan_log(text, "0.4.6", [SECRET])[0]["arg"] == "speculative_num_draft_tokens"
 
 
 def test_incident_explanation_text():
     args = {"model_path": "/m", "speculative_algorithm": "EAGLE", "speculative_draft_model_path": "/d",
             "speculative_eagle_topk": 1, "speculative_num_steps": 1, "speculative_num_draft_tokens": 16}
-    overrides, dummy = m.compare(args, dict(args, speculative_num_draft_tokens=2), "0.5.23", args=args)
-    assert [m.format_override(o) for o in overrides] == [
+    overrides, dummy = compare.compare(args, dict(args, speculative_num_draft_tokens=2), "0.5.23", args=args)
+    assert [compare.format_override(o) for o in overrides] == [
         "speculative_num_draft_tokens: intended 16, running 2 \u2014 SGLang sets it to num_steps + 1 when "
         "speculative_eagle_topk == 1; set speculative_num_steps: 15"]
 
 
-# --------------------------------------------------------------------------
-# Small helpers
-# --------------------------------------------------------------------------
-
-def test_supports_config():
-    assert m.supports_config("0.5.23") and m.supports_config("0.5.10")
-    assert not m.supports_config("0.5.1") and not m.supports_config("0.4.6.post5")
-    assert not m.supports_config("latest")
-
-
-def test_flags_of():
-    flags = ["--model-path", "/m", "--port", "1"]
-    assert m.flags_of(["/usr/bin/python3", "-m", "sglang.launch_server"] + flags) == flags
-    assert m.flags_of(["/venv/bin/sglang", "serve"] + flags) == flags
-    assert m.flags_of(["python", "/x/sglang.launch_server"] + flags) == flags
-    assert m.flags_of(["weird", "--model-path", "/m"]) == ["--model-path", "/m"]
-    assert m.flags_of(["sleep", "9"]) == []
-
-
-def test_urls_and_hosts():
-    assert m.base_url("0.0.0.0", 30000) == "http://127.0.0.1:30000"
-    assert m.base_url("::", 1) == "http://[::1]:1"
-    assert m.base_url("10.1.2.3", 5) == "http://10.1.2.3:5"
-    assert m.probe_host("[::1]") == "::1"
-
-
-def test_port_in_use():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1)
-    port = sock.getsockname()[1]
-    try:
-        assert m.port_in_use("127.0.0.1", port)
-        assert m.port_in_use("0.0.0.0", port)
-    finally:
-        sock.close()
-    assert not m.port_in_use("127.0.0.1", port)
-    assert not m.port_in_use("no-such-host.invalid", port)
-
-
-def test_parse_properties():
-    props = m.parse_properties("MainPID=42\nActiveState=active\nbogus\nResult=success\n")
+def test_supports_config_and_small_helpers():
+    assert compare.supports_config("0.5.23") and compare.supports_config("0.5.10")
+    assert not compare.supports_config("0.5.1") and not compare.supports_config("0.4.6.post5")
+    assert not compare.supports_config("latest")
+    assert compare.norm_key("--speculative-num-steps") == "speculative_num_steps"
+    assert compare.is_path_arg("speculative_draft_model_path") and not compare.is_path_arg("tp_size")
+    props = systemd.parse_properties("MainPID=42\nActiveState=active\nbogus\nResult=success\n")
     assert props == {"MainPID": "42", "ActiveState": "active", "Result": "success"}
-
-
-def test_norm_key_and_paths():
-    assert m.norm_key("--speculative-num-steps") == "speculative_num_steps"
-    assert m.is_path_arg("speculative_draft_model_path")
-    assert not m.is_path_arg("tp_size")
+    assert systemd.main_pid(props) == 42 and systemd.main_pid({"MainPID": "0"}) is None
+    assert systemd.main_pid({"MainPID": "n/a"}) is None and systemd.is_active(props) and not systemd.loaded(props)
 
 
 # --------------------------------------------------------------------------
-# The module flow, in-process, with a fake AnsibleModule and no processes
-# (process, HTTP and systemctl calls are replaced by fakes).
+# The module flow: main() in-process over the launch engine, with fakes for the processes
+# (pid -> starttime), the HTTP answers and systemctl; no process is started.
 # --------------------------------------------------------------------------
-
-class _Exit(Exception):
-    def __init__(self, result):
-        super().__init__(result.get("msg", ""))
-        self.result = result
-
-
-class _Fail(_Exit):
-    pass
-
-
-class FakeModule(object):
-    def __init__(self, params, check_mode=False, diff=False, responder=None):
-        defaults = dict((k, v.get("default")) for k, v in m.argument_spec().items())
-        self.params = dict(defaults, **params)
-        self.check_mode = check_mode
-        self._diff = diff
-        self.no_log_values = set()
-        self.warnings = []
-        self.commands = []
-        self.responder = responder or (lambda argv: (0, "", ""))
-
-    def warn(self, msg):
-        self.warnings.append(msg)
-
-    def fail_json(self, **kwargs):
-        raise _Fail(dict(kwargs, failed=True))
-
-    def exit_json(self, **kwargs):
-        raise _Exit(kwargs)
-
-    def run_command(self, argv, environ_update=None):
-        self.commands.append(list(argv))
-        return self.responder(list(argv))
-
-    def get_bin_path(self, name, required=False, opt_dirs=None):
-        return "/usr/bin/" + name
-
 
 FAKE_PID = 4000001
 INCIDENT = {"model_path": "/models/m", "speculative_algorithm": "EAGLE", "speculative_draft_model_path": "/d",
             "speculative_eagle_topk": 1, "speculative_num_steps": 1, "speculative_num_draft_tokens": 16}
+SERVER_ARGS_LINE = "INFO server_args=ServerArgs(api_key='%s')\n" % SECRET
+OVERRIDE_LINE = ("WARNING speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+                 "speculative_eagle_topk == 1\n")
 
 
 class World(object):
-    """Fake processes (pid -> starttime), HTTP answers and systemd units."""
+    """Fake processes, HTTP answers and systemd units, patched into the launch engine and AnsibleModule."""
 
-    def __init__(self, monkeypatch, tmp_path):
-        self.tmp = tmp_path
+    def __init__(self, monkeypatch):
         self.procs = {}
         self.cmdlines = {}
         self.health = [200]
@@ -589,20 +531,27 @@ class World(object):
         self.spawned = []
         self.unit_pid = 0
         self.http_calls = []
+        self.commands = []
         self.exit_status = None
         self.exit_after = 1
-        monkeypatch.setattr(m.sp, "alive", lambda pid, start=None: pid in self.procs and (start is None or self.procs[pid] == start))
-        monkeypatch.setattr(m.sp, "starttime", self.procs.get)
-        monkeypatch.setattr(m.sp, "cmdline", lambda pid: self.cmdlines.get(pid, []))
-        monkeypatch.setattr(m.sp, "tree", lambda pid: [(p, s) for p, s in self.procs.items() if p == pid])
-        monkeypatch.setattr(m.sp, "reap", self.reap)
-        monkeypatch.setattr(m.sp, "spawn_detached", self.spawn)
-        monkeypatch.setattr(m.sp, "stop_tree", self.stop_tree)
-        monkeypatch.setattr(m.sp, "kill_leftovers", lambda members, grace=5.0: ([p for p, _s in members], []))
-        monkeypatch.setattr(m.http, "request", self.request)
-        monkeypatch.setattr(m, "port_in_use", lambda host, port, timeout=0.5: False)
-        monkeypatch.setattr(m.sockets, "port_listeners", lambda port: (False, []))
-        monkeypatch.setattr(m.time, "sleep", lambda s: None)
+        self.responder = self.systemctl
+        self.journal = "journal line\n"
+        sp_ = engine.sp
+        monkeypatch.setattr(sp_, "alive", lambda pid, start=None: pid in self.procs and (start is None or self.procs[pid] == start))
+        monkeypatch.setattr(sp_, "starttime", self.procs.get)
+        monkeypatch.setattr(sp_, "cmdline", lambda pid: self.cmdlines.get(pid, []))
+        monkeypatch.setattr(sp_, "tree", lambda pid: [(p, s) for p, s in self.procs.items() if p == pid])
+        monkeypatch.setattr(sp_, "reap", self.reap)
+        monkeypatch.setattr(sp_, "spawn_detached", self.spawn)
+        monkeypatch.setattr(sp_, "stop_tree", self.stop_tree)
+        monkeypatch.setattr(sp_, "kill_leftovers", lambda members, grace=5.0: ([p for p, _s in members], []))
+        monkeypatch.setattr(engine.http, "request", self.request)
+        monkeypatch.setattr(engine, "port_in_use", lambda host, port, timeout=0.5: False)
+        monkeypatch.setattr(engine.sockets, "port_listeners", lambda port: (False, []))
+        monkeypatch.setattr(engine.systemd, "running", lambda root="/run/systemd/system": True)
+        monkeypatch.setattr(basic.AnsibleModule, "run_command", self.run_command)
+        monkeypatch.setattr(basic.AnsibleModule, "get_bin_path",
+                            lambda module, name, required=False, opt_dirs=None: "/usr/bin/" + name)
 
     def reap(self, pid, block=False):
         """The exit status once ``exit_after`` polls have passed."""
@@ -617,16 +566,14 @@ class World(object):
         self.procs[pid] = 100 + pid
         self.cmdlines[pid] = list(argv)
         with open(log_path, "a") as fh:
-            fh.write("INFO server_args=ServerArgs(api_key='%s')\n" % SECRET)
-            fh.write("WARNING speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
-                     "speculative_eagle_topk == 1\n")
+            fh.write(SERVER_ARGS_LINE + OVERRIDE_LINE)
         return pid
 
-    def stop_tree(self, pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False):
+    def stop_tree(self, pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, **kwargs):
         self.procs.pop(pid, None)
         return {"signalled": [pid], "killed": [], "exited": [pid], "still_running": [], "elapsed": 0.01}
 
-    def request(self, method, url, body=None, api_key=None, timeout=10):
+    def request(self, method, url, body=None, api_key=None, timeout=10, **kwargs):
         path = "/" + url.split("/", 3)[3]
         self.http_calls.append((path, api_key))
         if path.startswith("/health"):
@@ -637,11 +584,17 @@ class World(object):
         status = self.info_status.get(path, 404)
         return status, {}, dict(self.info, version="0.5.23") if status == 200 else {}
 
+    def run_command(self, argv, environ_update=None, **kwargs):
+        self.commands.append(list(argv))
+        return self.responder(list(argv))
+
     def systemctl(self, argv):
+        if argv[0].endswith("journalctl"):
+            return 0, self.journal, ""
         verb = argv[1]
         if verb == "show":
             active = bool(self.unit_pid)
-            return 0, "MainPID=%d\nActiveState=%s\nNeedDaemonReload=no\nResult=success\n" % (
+            return 0, "LoadState=loaded\nMainPID=%d\nActiveState=%s\nNeedDaemonReload=no\nResult=success\n" % (
                 self.unit_pid, "active" if active else "inactive"), ""
         if verb == "start":
             self.unit_pid = FAKE_PID + 50
@@ -652,21 +605,19 @@ class World(object):
             self.procs.pop(self.unit_pid, None)
             self.unit_pid = 0
             return 0, "", ""
-        if verb == "-u":
-            return 0, "", ""
-        return 0, "journal line\n", ""
+        return 0, "", ""
 
 
 @pytest.fixture
-def world(monkeypatch, tmp_path):
-    return World(monkeypatch, tmp_path)
+def world(monkeypatch):
+    return World(monkeypatch)
 
 
-def run_launcher(params, check_mode=False, diff=False, responder=None):
-    module = FakeModule(params, check_mode=check_mode, diff=diff, responder=responder)
-    with pytest.raises(_Exit) as info:
-        m.Launcher(module).run()
-    return info.value.result, module
+def launch(monkeypatch, params, check=False, diff=False):
+    params = dict(params)
+    if diff:
+        params["_ansible_diff"] = True
+    return run_module(m, params, monkeypatch, check=check)
 
 
 def base_params(tmp_path, **extra):
@@ -676,191 +627,225 @@ def base_params(tmp_path, **extra):
     return params
 
 
-def test_flow_check_mode_plans_and_starts_nothing(world, tmp_path):
-    result, module = run_launcher(base_params(tmp_path, api_key=SECRET), check_mode=True, diff=True)
-    assert result["changed"] and result["action"] == "start"
+def test_flow_check_mode_plans_and_starts_nothing(world, tmp_path, monkeypatch):
+    result = launch(monkeypatch, base_params(tmp_path, api_key=SECRET), check=True, diff=True)
+    assert result["failed"] is False and result["changed"] and result["action"] == "start"
     assert result["argv"][-2:] == ["--config", str(tmp_path / "state" / "config.yaml")]
+    assert result["config_file"] == str(tmp_path / "state" / "config.yaml")
     assert "--api-key" not in result["argv"] and SECRET not in json.dumps(result)
-    assert result["diff"]["before"] == "" and 'api-key: "********"' in result["diff"]["after"]
+    assert result["diff"]["before"] == "" and result["diff"]["after"] == "argv: %s\n" % " ".join(result["argv"])
     assert not world.spawned and not (tmp_path / "state").exists()
-    assert SECRET in module.no_log_values
 
 
-def test_flow_start_verify_idempotent_restart_stop(world, tmp_path):
+def test_flow_start_verify_idempotent_restart_stop(world, tmp_path, monkeypatch):
     world.info = dict(INCIDENT, speculative_num_draft_tokens=2, port=31111, api_key=SECRET)
     world.health = ["refused", 503, 200]
     params = base_params(tmp_path, api_key=SECRET, env={"HF_TOKEN": "hf-secret", "A": "1"})
-    result, module = run_launcher(params)
+    result = launch(monkeypatch, params)
+    assert result["failed"] is False, result.get("msg")
     assert result["action"] == "start" and result["pid"] == FAKE_PID
     assert result["overrides"][0]["arg"] == "speculative_num_draft_tokens"
     assert result["log_warnings"][0]["arg"] == "speculative_num_draft_tokens"
     assert result["effective"]["api_key"] == "********"
     assert result["server_info_endpoint"] == "/server_info" and result["version"] == "0.5.23"
-    assert "startup_s" in result and SECRET not in json.dumps(result)
+    assert "startup_s" in result and SECRET not in json.dumps(result) and "hf-secret" not in json.dumps(result)
     assert stat.S_IMODE(os.stat(tmp_path / "state" / "config.yaml").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "state" / "server.log").st_mode) == 0o600
     assert ("/server_info", SECRET) in world.http_calls
     argv, env, dummy = world.spawned[0]
-    assert env["HF_TOKEN"] == "hf-secret" and "hf-secret" in module.no_log_values
+    assert env["HF_TOKEN"] == "hf-secret" and env["A"] == "1" and SECRET not in " ".join(argv)
     record = sp.read_state(str(tmp_path / "state" / "server.state.json"))
-    assert record["pid"] == FAKE_PID and record["env"]["HF_TOKEN"] == "********"
-    assert SECRET not in json.dumps(record)
+    assert record["pid"] == FAKE_PID and record["fingerprint"] and SECRET not in json.dumps(record)
+    assert "hf-secret" not in json.dumps(record)
 
-    again, dummy = run_launcher(params)
+    again = launch(monkeypatch, params)
     assert again["changed"] is False and again["action"] == "none" and again["pid"] == FAKE_PID
     assert "startup_s" not in again and len(world.spawned) == 1
 
     changed = dict(params, args=dict(params["args"], mem_fraction_static=0.8))
-    result, dummy = run_launcher(changed, check_mode=True, diff=True)
+    result = launch(monkeypatch, changed, check=True, diff=True)
     assert result["action"] == "restart" and "--mem-fraction-static 0.8" in result["diff"]["after"]
-    assert "--mem-fraction-static" not in result["diff"]["before"]
-    result, dummy = run_launcher(changed)
+    assert "--mem-fraction-static" not in result["diff"]["before"] and result["diff"]["before"].startswith("argv: /bin/sh")
+    result = launch(monkeypatch, changed)
     assert result["action"] == "restart" and result["pid"] == FAKE_PID + 1
     assert result["stop"]["signalled"] == [FAKE_PID]
 
-    stopped, dummy = run_launcher(dict(changed, state="stopped"))
-    assert stopped["changed"] and stopped["action"] == "stop"
-    assert not (tmp_path / "state" / "server.pid").exists()
-    stopped, dummy = run_launcher(dict(changed, state="stopped"))
+    stopped = launch(monkeypatch, dict(changed, state="stopped"))
+    assert stopped["changed"] and stopped["action"] == "stop" and "pid" not in stopped
+    assert not (tmp_path / "state" / "server.pid").exists() and not (tmp_path / "state" / "server.state.json").exists()
+    stopped = launch(monkeypatch, dict(changed, state="stopped"))
     assert stopped["changed"] is False and stopped["action"] == "none"
 
 
-def test_flow_launch_record_is_written_before_a_start_only(world, tmp_path):
-    """record_file: the candidate config record (the rollback relaunches from it): written with mode 0640 just
-    before a start or restart, with secret-named args masked and the environment as given; never in check
-    mode, never when the server already runs as intended, and never when the start is refused."""
+def test_flow_launch_record_is_written_before_a_start_only(world, tmp_path, monkeypatch):
+    """record_file: the launch record (mode 0640), written just before a start or restart, with no secret value in it;
+    never in check mode, never when the server already runs as intended."""
     world.info = dict(INCIDENT, port=31111)
     world.health = ["refused", 503, 200]
     record_file = tmp_path / "etc" / "candidate" / "server.json"
     params = base_params(tmp_path, record_file=str(record_file), record_extra={"adjustments": [{"arg": "x"}]},
                          env={"HF_TOKEN": "hf-secret", "CUDA_VISIBLE_DEVICES": "0,1"},
                          args=dict(INCIDENT, port=31111, admin_api_key="adm-secret-1"))
-    planned, dummy = run_launcher(params, check_mode=True)
+    planned = launch(monkeypatch, params, check=True)
     assert planned["action"] == "start" and "record_file" not in planned and not record_file.parent.exists(), planned
 
-    result, dummy = run_launcher(params)
+    result = launch(monkeypatch, params)
     assert result["action"] == "start" and result["record_file"] == str(record_file)
     assert stat.S_IMODE(os.stat(record_file).st_mode) == 0o640
-    record = json.loads(record_file.read_text())
+    text = record_file.read_text()
+    record = json.loads(text)
     assert record["name"] == "unit" and record["version"] == "0.5.23" and record["manager"] == "process"
     assert record["python"] == "/bin/sh" and record["adjustments"] == [{"arg": "x"}]
-    assert record["args"]["admin_api_key"] == "********" and "adm-secret-1" not in record_file.read_text() and record["args"]["port"] == 31111
-    assert record["env"] == {"HF_TOKEN": "hf-secret"} and record["cuda_visible_devices"] == "0,1"
-    assert record_file.read_text().endswith("}\n") and "    " in record_file.read_text()      # to_nice_json layout
+    assert "adm-secret-1" not in text and "hf-secret" not in text and "admin_api_key" not in record["args"]
+    assert record["args"]["port"] == 31111 and record["env"] == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert record["cuda_visible_devices"] == "0,1" and record["fingerprint"]
+    assert text.endswith("}\n") and "  " in text
+    secrets = json.loads((tmp_path / "state" / "secrets.json").read_text())
+    assert secrets == {"args": {"admin_api_key": "adm-secret-1"}, "env": {"HF_TOKEN": "hf-secret"}}
 
     record_file.write_text("untouched\n")
-    again, dummy = run_launcher(params)
+    again = launch(monkeypatch, params)
     assert again["action"] == "none" and "record_file" not in again
     assert record_file.read_text() == "untouched\n"
 
     changed = dict(params, args=dict(params["args"], mem_fraction_static=0.8))
-    result, dummy = run_launcher(changed)
+    result = launch(monkeypatch, changed)
     assert result["action"] == "restart" and json.loads(record_file.read_text())["args"]["mem_fraction_static"] == 0.8
     assert [p.name for p in record_file.parent.iterdir()] == ["server.json"]                   # no temporary file left
 
 
-def test_flow_on_override_fail_leaves_server_running(world, tmp_path):
+def test_flow_on_override_fail_leaves_server_running(world, tmp_path, monkeypatch):
     world.info = dict(INCIDENT, speculative_num_draft_tokens=2, port=31111)
-    with pytest.raises(_Fail) as info:
-        m.Launcher(FakeModule(base_params(tmp_path, on_override="fail"))).run()
-    res = info.value.result
+    res = launch(monkeypatch, base_params(tmp_path, on_override="fail"))
+    assert res["failed"] is True
     assert res["pid"] == FAKE_PID and FAKE_PID in world.procs
     assert ("speculative_num_draft_tokens: intended 16, running 2 \u2014 SGLang sets it to num_steps + 1 when "
             "speculative_eagle_topk == 1; set speculative_num_steps: 15") in res["msg"]
-    assert "left running (pid %d)" % FAKE_PID in res["msg"]
-    assert "SGLang logged" in res["msg"]
+    assert "left running (pid %d)" % FAKE_PID in res["msg"] and "SGLang logged" in res["msg"]
+    assert "config_mismatch" not in res and res["overrides"][0]["running"] == 2
 
 
-def test_flow_on_override_warn(world, tmp_path):
+def test_flow_on_override_warn(world, tmp_path, monkeypatch):
     world.info = dict(INCIDENT, speculative_num_draft_tokens=2, port=31111)
-    result, module = run_launcher(base_params(tmp_path, on_override="warn"))
-    assert result["overrides"] and any("intended 16, running 2" in w for w in module.warnings)
+    result = launch(monkeypatch, base_params(tmp_path, on_override="warn"))
+    assert result["failed"] is False and result["overrides"]
+    assert any("intended 16, running 2" in w for w in result["warnings"])
 
 
-def test_flow_crash_before_healthy(world, tmp_path):
+def test_flow_crash_before_healthy(world, tmp_path, monkeypatch):
     world.health = ["refused"]
     world.exit_status = {"code": 3}
-    with pytest.raises(_Fail) as info:
-        m.Launcher(FakeModule(base_params(tmp_path, api_key=SECRET))).run()
-    res = info.value.result
-    assert "exited with code 3" in res["msg"] and res["last_status"] == "refused"
+    res = launch(monkeypatch, base_params(tmp_path, api_key=SECRET))
+    assert res["failed"] is True
+    assert "exited with code 3" in res["msg"] and res["last_status"] == "refused" and res["exit"] == {"code": 3}
     assert any("api_key='********'" in line for line in res["log_tail"])
     assert SECRET not in json.dumps(res)
-    assert "pid" not in res
+    assert "pid" not in res and "server_exited" not in res
 
 
-def test_flow_timeout_stops_unless_keep(world, tmp_path):
+def test_flow_timeout_stops_unless_keep(world, tmp_path, monkeypatch):
     world.health = [503]
-    with pytest.raises(_Fail) as info:
-        m.Launcher(FakeModule(base_params(tmp_path, health_timeout=0.05))).run()
-    res = info.value.result
+    res = launch(monkeypatch, base_params(tmp_path, health_timeout=0.05))
+    assert res["failed"] is True
     assert "did not become healthy within 0.05 s" in res["msg"] and "stopped it" in res["msg"]
-    assert res["last_status"] == "HTTP 503" and res["stop"]["signalled"] == [FAKE_PID]
-    with pytest.raises(_Fail) as info:
-        m.Launcher(FakeModule(base_params(tmp_path, health_timeout=0.05, keep_on_failure=True))).run()
-    assert "left it running" in info.value.result["msg"] and info.value.result["pid"] in world.procs
+    assert res["last_status"] == "HTTP 503" and res["stop"]["signalled"] == [FAKE_PID] and "pid" not in res
+    res = launch(monkeypatch, base_params(tmp_path, health_timeout=0.05, keep_on_failure=True))
+    assert "left it running" in res["msg"] and res["pid"] in world.procs
 
 
-def test_flow_get_server_info_fallback_and_auth_errors(world, tmp_path):
+def test_flow_get_server_info_fallback_and_auth_errors(world, tmp_path, monkeypatch):
     world.info = dict(INCIDENT, port=31111)
     world.info_status = {"/get_server_info": 200}
-    result, dummy = run_launcher(base_params(tmp_path))
+    result = launch(monkeypatch, base_params(tmp_path))
     assert result["server_info_endpoint"] == "/get_server_info"
     world.info_status = {"/server_info": 401}
-    with pytest.raises(_Fail) as info:
-        m.Launcher(FakeModule(base_params(tmp_path, state="restarted"))).run()
-    assert "wants an API key" in info.value.result["msg"]
+    res = launch(monkeypatch, base_params(tmp_path, state="restarted"))
+    assert res["failed"] is True and "wants an API key; set api_key" in res["msg"]
+    world.info_status = {}
+    res = launch(monkeypatch, base_params(tmp_path, state="restarted"))
+    assert "answers neither /server_info nor /get_server_info" in res["msg"]
 
 
-def test_flow_old_version_puts_key_only_where_allowed(world, tmp_path):
+def test_flow_old_version_puts_key_only_where_allowed(world, tmp_path, monkeypatch):
     params = base_params(tmp_path, version="0.5.1", api_key=SECRET, args={"model_path": "/m", "port": 31111})
-    with pytest.raises(_Fail) as info:
-        m.Launcher(FakeModule(params)).run()
-    assert "allow_api_key_in_argv" in info.value.result["msg"] and not world.spawned
-    result, module = run_launcher(dict(params, allow_api_key_in_argv=True), check_mode=True)
+    res = launch(monkeypatch, params)
+    assert res["failed"] is True and "allow_api_key_in_argv" in res["msg"] and not world.spawned
+    assert res["msg"].startswith("sglang_launch unit: cannot proceed, nothing was changed:")
+    result = launch(monkeypatch, dict(params, allow_api_key_in_argv=True), check=True)
     assert result["argv"][-2:] == ["--api-key", "********"] and result["config_file"] is None
-    assert any("ps" in w for w in module.warnings)
+    assert any("ps" in w for w in result["warnings"]) and SECRET not in json.dumps(result)
 
 
-def test_flow_blockers_are_reported_together(world, tmp_path):
+def test_flow_blockers_are_reported_together(world, tmp_path, monkeypatch):
     params = base_params(tmp_path, name="bad name", port=1, args={"model_path": "/m", "port": 2, "bogus_flag": 1},
                          version="0.3.0", python="/nonexistent/python", chdir="/nonexistent")
-    with pytest.raises(_Fail) as info:
-        m.Launcher(FakeModule(params)).run()
-    msg = info.value.result["msg"]
+    res = launch(monkeypatch, params)
+    assert res["failed"] is True and res["action"] == "none"
     for part in ("name 'bad name'", "port=1 conflicts", "version:", "python: /nonexistent/python", "chdir:"):
-        assert part in msg, part
+        assert part in res["msg"], part
+    assert not world.spawned and not (tmp_path / "state").exists()
 
 
 def test_flow_port_owner_blocks_start(world, tmp_path, monkeypatch):
-    monkeypatch.setattr(m.sockets, "port_listeners", lambda port: (True, [FAKE_PID + 9]))
+    monkeypatch.setattr(engine.sockets, "port_listeners", lambda port: (True, [FAKE_PID + 9]))
     world.cmdlines[FAKE_PID + 9] = ["nginx", "-g", "daemon off;"]
-    with pytest.raises(_Fail) as info:
-        m.Launcher(FakeModule(base_params(tmp_path))).run()
-    assert "already in use by pid %d (nginx" % (FAKE_PID + 9) in info.value.result["msg"]
-    assert not world.spawned
-    result, module = run_launcher(base_params(tmp_path), check_mode=True)
-    assert any("in use" in w for w in module.warnings)
+    res = launch(monkeypatch, base_params(tmp_path))
+    assert res["failed"] is True and "already in use by pid %d (nginx" % (FAKE_PID + 9) in res["msg"]
+    assert "Nothing was started" in res["msg"] and not world.spawned
+    result = launch(monkeypatch, base_params(tmp_path), check=True)
+    assert result["failed"] is False and any("port 31111 is in use by pid" in w for w in result["warnings"])
 
 
-def test_flow_systemd_start_none_stop(world, tmp_path):
+def test_flow_required_args(world, tmp_path, monkeypatch):
+    res = launch(monkeypatch, {"name": "unit", "state": "started"})
+    assert res["failed"] is True and "args" in res["msg"]
+    stopped = launch(monkeypatch, {"name": "unit", "state": "stopped", "state_dir": str(tmp_path / "s")})
+    assert stopped["failed"] is False and stopped["action"] == "none" and "argv" not in stopped
+
+
+def test_flow_systemd_start_none_stop(world, tmp_path, monkeypatch):
     params = base_params(tmp_path, manager="systemd", args={"model_path": "/m", "port": 31111})
     world.info = {"model_path": "/m", "port": 31111}
-    result, module = run_launcher(params, responder=world.systemctl)
+    result = launch(monkeypatch, params)
+    assert result["failed"] is False, result.get("msg")
     assert result["action"] == "start" and result["pid"] == FAKE_PID + 50
-    assert ["/usr/bin/systemctl", "start", "sglang-unit.service"] in module.commands
-    assert any("ExecStart" in w for w in module.warnings)
-    again, module = run_launcher(params, responder=world.systemctl)
-    assert again["action"] == "none" and not any(c[1] == "start" for c in module.commands)
-    stopped, module = run_launcher(dict(params, state="stopped"), responder=world.systemctl)
-    assert stopped["action"] == "stop" and ["/usr/bin/systemctl", "stop", "sglang-unit.service"] in module.commands
+    assert ["/usr/bin/systemctl", "start", "--", "sglang-unit.service"] in world.commands
+    assert not any(c[1:2] == ["daemon-reload"] for c in world.commands)                  # the unit is the caller's
+    del world.commands[:]
+    again = launch(monkeypatch, params)
+    assert again["action"] == "none" and again["pid"] == FAKE_PID + 50
+    assert not any(c[1] == "start" for c in world.commands)
+    stopped = launch(monkeypatch, dict(params, state="stopped"))
+    assert stopped["action"] == "stop" and ["/usr/bin/systemctl", "stop", "--", "sglang-unit.service"] in world.commands
+    assert stopped["stop"]["signalled"] == [FAKE_PID + 50] and stopped["stop"]["still_running"] == []
 
 
-def test_flow_systemd_unit_without_main_pid(world, tmp_path):
+def test_flow_systemd_renders_the_unit_and_reloads_when_it_changed(world, tmp_path, monkeypatch):
+    units = tmp_path / "units"
+    units.mkdir()
+    params = base_params(tmp_path, manager="systemd", unit_dir=str(units), python="/usr/bin/python3",
+                         args={"model_path": "/m", "port": 31111}, env={"HF_TOKEN": "hf-unit-1"}, api_key=SECRET)
+    world.info = {"model_path": "/m", "port": 31111}
+    result = launch(monkeypatch, params)
+    assert result["failed"] is False, result.get("msg")
+    unit_text = (units / "sglang-unit.service").read_text()
+    assert "ExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 31111 --config " in unit_text
+    assert SECRET not in unit_text and "hf-unit-1" not in unit_text
+    assert "EnvironmentFile=%s" % (tmp_path / "state" / "server.env") in unit_text
+    assert (tmp_path / "state" / "server.env").read_text() == 'HF_TOKEN="hf-unit-1"\n'
+    assert ["/usr/bin/systemctl", "daemon-reload"] in world.commands
+    assert world.commands.index(["/usr/bin/systemctl", "daemon-reload"]) < world.commands.index(
+        ["/usr/bin/systemctl", "start", "--", "sglang-unit.service"])
+
+
+def test_flow_systemd_unit_without_main_pid(world, tmp_path, monkeypatch):
     def responder(argv):
+        if argv[0].endswith("journalctl"):
+            return 0, "boom from journal\n", ""
         if argv[1] == "show":
             return 0, "MainPID=0\nActiveState=failed\nResult=exit-code\nExecMainStatus=1\n", ""
-        return 0, "boom from journal\n", ""
-    params = base_params(tmp_path, manager="systemd", args={"model_path": "/m"})
-    with pytest.raises(_Fail) as info:
-        m.Launcher(FakeModule(params, responder=responder)).run()
-    assert "has no main process" in info.value.result["msg"] and "boom from journal" in info.value.result["msg"]
+        return 0, "", ""
+    world.responder = responder
+    res = launch(monkeypatch, base_params(tmp_path, manager="systemd", args={"model_path": "/m"}))
+    assert res["failed"] is True
+    assert "has no main process" in res["msg"] and "boom from journal" in res["msg"] and res["log_tail"] == ["boom from journal"]
