@@ -136,8 +136,13 @@ def test_interrupted_candidate_that_is_good_is_verified_and_promoted_not_restart
 # 2. A dead controller does not block the node, and the node is never left down
 # --------------------------------------------------------------------------
 
-def test_controller_killed_during_the_teardown_rerun_takes_over_at_once_and_redeploys(node):
-    # The old server drains for 4 s after SIGTERM: the controller dies in the middle of it.
+@pytest.mark.parametrize("what", ["controller", "controller-and-module"])
+def test_controller_killed_during_the_teardown_rerun_takes_over_at_once_and_redeploys(node, what):
+    """The old server drains for 4 s after SIGTERM, and the controller dies in the middle of it. Ansible's worker
+    runs the module in a session of its own, so the module (sglang_replace) goes on and finishes the launch on
+    the node: the rerun waits for it (the lease names it), takes the lease over (its controller is gone) and
+    verifies the candidate it left. When the module dies too (SIGKILL by the PID the lease names, as a lost SSH
+    connection can end it), the node is left with no server: the rerun takes over at once and deploys."""
     slow = node.host_vars(sglang_server_env=dict(node.host_vars()["sglang_server_env"], SGLANG_SIM_SHUTDOWN_S="4"))
     assert node.run(host_vars=slow, extravars={"sglang_redeploy_force": True}).rc == 0
     old = node.server_pid()
@@ -145,19 +150,32 @@ def test_controller_killed_during_the_teardown_rerun_takes_over_at_once_and_rede
     change["sglang_server_args"] = dict(slow["sglang_server_args"], schedule_policy="lpm")
     change["sglang_lock_timeout"] = 600          # a wait for the lease would show in the wall time
     ctl = node.spawn_playbook(host_vars=change)
+    log = node.logs / "server.log"
+    seen = len(log.read_bytes()) if log.exists() else 0
     entry = ctl.wait_for_step("teardown")
+    module_pid = node.lease_holder()["node_pid"]
+    # The drain has signalled the old server once it logs the SIGTERM (it then drains for 4 s on its own).
+    wait_for(lambda: b"SIGTERM received" in log.read_bytes()[seen:], 30, 0.02, what="the old server's SIGTERM")
     ctl.kill(signal.SIGKILL, group=True)
+    if what == "controller-and-module":
+        os.kill(module_pid, signal.SIGKILL)
     ctl.wait()
     wait_for(lambda: not alive(old), 30, what="the old server to finish its drain")
-    assert node.health() is None or node.health() != 200
     holder = node.lease_holder()
     assert holder and holder["owner"] == entry["run_id"], "the dead run's lease stays behind"
+    if what == "controller-and-module":
+        wait_for(lambda: not alive(module_pid), 10, what="the killed module")
+        assert node.health() is None, "no server runs: the old one drained away, no new one was started"
+        assert node.journal()["step"] == "teardown"
 
     began = time.monotonic()
     rerun = node.run(host_vars=change)
     assert time.monotonic() - began < 120, "the rerun must not wait for the dead run's lease"
     row = rerun.row()
-    assert row["status"] == "deployed" and row["plan"] == "start", row
+    expected_plan = "start" if what == "controller-and-module" else "verify"
+    assert row["status"] == "deployed" and row["plan"] == expected_plan, row
+    if what == "controller-and-module":
+        assert "stopped at step teardown" in row["plan_why"], row["plan_why"]
     assert row["lease"]["took_over"] == entry["run_id"]
     assert "gone" in row["lease"]["took_over_reason"]
     assert any("TOOK OVER" in line for line in rerun.task_result("Show the plan")["msg"])
