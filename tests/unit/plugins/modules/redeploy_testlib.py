@@ -187,7 +187,7 @@ class Node(object):
 
     # -- what runs ---------------------------------------------------------------
     def track_server(self, pid):
-        if pid and starttime(pid) is not None:
+        if pid and pid != os.getpid() and starttime(pid) is not None:
             self.servers[pid] = starttime(pid)
         return pid
 
@@ -209,17 +209,23 @@ class Node(object):
         return None
 
     def cleanup(self):
+        # Never this test process, its session or its ancestors (a test may name this process as "the server").
+        mine = set([os.getpid(), os.getsid(0)] + list(procfs.self_and_ancestors()))
         pid = self.state().get("pid")
-        if pid and starttime(pid) == self.state().get("starttime"):
+        if pid and pid not in mine and starttime(pid) == self.state().get("starttime"):
             self.servers.setdefault(pid, starttime(pid))
         victims = []
         for leader, start in self.servers.items():
+            if leader in mine:
+                continue
             if starttime(leader) == start:
                 victims.append((leader, start))
-            for member in session_of(leader):
-                if member != leader:
-                    victims.append((member, starttime(member)))
-        victims += list(self.tracked.items())
+            stat = procfs.read_stat(leader)
+            if stat is not None and stat["sid"] == leader:         # a session leader: the server's own session
+                for member in session_of(leader):
+                    if member != leader:
+                        victims.append((member, starttime(member)))
+        victims += [(pid, start) for pid, start in self.tracked.items() if pid not in mine]
         for pid, start in victims:
             if start is not None and starttime(pid) == start:
                 try:

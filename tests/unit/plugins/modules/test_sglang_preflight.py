@@ -1,548 +1,564 @@
-"""Unit tests for the sglang_preflight module: ``read_arch`` and the PID-file check as functions,
-and ``main()`` run in-process (``patch_module_args``, ``exit_json``/``fail_json`` patched to
-raise) against a simulated 2 x H200 node (a tmp ``GPUSIM_ROOT``, ``simulator/bin/nvidia-smi``).
+"""sglang_preflight (plugins/module_utils/plan.py, preflight.py): ``main()`` run in-process
+(``patch_module_args``) against a simulated 2 x H200 node (``simulator/bin/nvidia-smi`` on a tmp
+``GPUSIM_ROOT``, the node's device files passed as ``device_paths``), with the collection's mirror
+resolving the args (``resolution: mirror``; the node-side oracle has its own tests).
 
-Processes: the "foreign" port owner is a socket of this test process. The "hand-started server"
-is one small Python process (optionally with one forked child) that listens on a port and
-registers GPU memory through the gpusim Python API; it is recorded by PID and start time and
-SIGKILLed by PID at teardown. Dead and zombie PIDs come from ``os.fork()`` children that exit at
-once and are reaped here.
+Covered: the node facts, every check that stops a redeploy before anything is touched (settings, secrets,
+model paths, GPU selection, lost GPUs, the driver, the port, foreign GPU holders, unusable directories,
+the lease), the managed server found by its PID file and state record or by its systemd unit, adoption of
+a hand-started server on the managed port, the plan's action (start, restart, none) from what runs and the
+known-good record, the lease taken only when there is something to do (and the plan journalled), the
+read-only reports in check mode, and the directory report.
+
+Processes: the "hand-started servers" are small Python processes that listen on a port and register GPU
+memory through the gpusim Python API; the foreign GPU holders are ``gpusim hold`` processes. Each is
+recorded by PID and start time and SIGKILLed by PID at teardown (redeploy_testlib.Node). Port owners that
+must answer HTTP are threads of this test process.
 """
 from __future__ import annotations
 
+import http.server
 import json
 import os
-import pathlib
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 
 import pytest
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs, sglang_process
+from redeploy_testlib import NVIDIA_SMI, SIM_PY, node_context, run_module, starttime  # noqa: E402 - after sys.path
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import plan as plan_mod
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_preflight as pf
 
-REPO = pathlib.Path(__file__).resolve().parents[4]
-SIM_BIN = REPO / "simulator" / "bin"
-SIM_PY = REPO / "simulator" / "python"
-NVIDIA_SMI = str(SIM_BIN / "nvidia-smi")
-VENV_BIN = pathlib.Path(sys.executable).parent
-
-
-# ---------------------------------------------------------------------------
-# Fixtures
-# ---------------------------------------------------------------------------
-
-class Node:
-    """A simulated node: GPUSIM_ROOT, model dirs, and the processes this test started."""
-
-    def __init__(self, tmp_path, env):
-        self.tmp = tmp_path
-        self.root = str(tmp_path / "gpusim")
-        self.env = env
-        self.procs = []              # (Popen, [(pid, starttime)])
-        self.model = self.model_dir("target", "Qwen2ForCausalLM")
-        self.draft = self.model_dir("draft", "LlamaForCausalLMEagle3")
-
-    def model_dir(self, name, arch=None, text=None):
-        path = self.tmp / name
-        path.mkdir()
-        if text is None and arch is not None:
-            text = json.dumps({"architectures": [arch], "model_type": "x"})
-        if text is not None:
-            (path / "config.json").write_text(text)
-        return str(path)
-
-    def gpusim(self, *args):
-        proc = subprocess.run([str(SIM_BIN / "gpusim")] + [str(a) for a in args], env=self.env,
-                              capture_output=True, text=True, timeout=60, check=False)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
-
-    def server(self, argv_extra=(), hold_in_child=True):
-        """A hand-started "server": listens on a free port; it (or its forked child) holds 1000 MiB on
-        GPU 0. Returns ``{"pid", "child", "port"}``."""
-        code = textwrap.dedent(r'''
-            import ctypes, json, os, signal, socket, sys
-            from gpusim.node import Node
-            node = Node(os.environ["GPUSIM_ROOT"])
-            child = None
-            if sys.argv[1] == "child":
-                r, w = os.pipe()
-                child = os.fork()
-                if child == 0:
-                    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG
-                    node.hold(os.getpid(), gpus=[0], mib=1000, name="sglang::scheduler")
-                    os.write(w, b"x")
-                    while True:
-                        signal.pause()
-                os.read(r, 1)
-            else:
-                node.hold(os.getpid(), gpus=[0], mib=1000)
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(8)
-            print(json.dumps({"pid": os.getpid(), "child": child, "port": sock.getsockname()[1]}), flush=True)
-            while True:
-                signal.pause()
-        ''')
-        argv = [sys.executable, "-c", code, "child" if hold_in_child else "self"] + list(argv_extra)
-        env = dict(self.env, PYTHONPATH=str(SIM_PY))
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-        entry = (proc, [])
-        self.procs.append(entry)
-        self._track(entry, proc.pid)
-        line = proc.stdout.readline()
-        assert line, "the test server did not start"
-        info = json.loads(line)
-        if info["child"]:
-            self._track(entry, info["child"])
-        return info
-
-    def decoy(self):
-        """A process outside the server's tree (stands for a managed server elsewhere); returns its PID."""
-        proc = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
-        entry = (proc, [])
-        self.procs.append(entry)
-        self._track(entry, proc.pid)
-        return proc.pid
-
-    @staticmethod
-    def _track(entry, pid):
-        stat = procfs.read_stat(pid)
-        if stat is not None:
-            entry[1].append((pid, stat["starttime"]))
-
-    def cleanup(self):
-        for proc, pids in self.procs:
-            for pid, start in reversed(pids):
-                stat = procfs.read_stat(pid)
-                if stat is not None and stat["starttime"] == start:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-            proc.wait(timeout=10)
-            proc.stdout.close()
+SECRET = "s3cret-preflight-91ab"
 
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
-    root = tmp_path / "gpusim"
-    root.mkdir()
-    monkeypatch.setenv("GPUSIM_ROOT", str(root))
-    monkeypatch.setenv("PATH", "%s:%s" % (VENV_BIN, os.environ.get("PATH", "")))
-    n = Node(tmp_path, dict(os.environ))
-    n.gpusim("init", "--gpus", 2, "--model", "H200")
-    yield n
-    n.cleanup()
+    monkeypatch.setattr(plan_mod.systemd, "running", lambda root="/run/systemd/system": False)
+    yield from node_context(tmp_path, monkeypatch)
 
 
 @pytest.fixture
-def run(monkeypatch):
-    class ExitJson(Exception):
-        pass
-
-    def exit_json(self, **kwargs):
-        kwargs.setdefault("changed", False)
-        kwargs["failed"] = False
-        raise ExitJson(kwargs)
-
-    def fail_json(self, msg, **kwargs):
-        kwargs.update(failed=True, msg=msg)
-        raise ExitJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-    monkeypatch.setattr(pf, "systemd_running", lambda: False)     # the container may or may not run systemd
-
-    def _run(args, check=False):
-        args = dict(args)
-        args.setdefault("nvidia_smi", NVIDIA_SMI)
-        args.setdefault("backend", "nvidia-smi")
-        if check:
-            args["_ansible_check_mode"] = True
-        with patch_module_args(args):
-            with pytest.raises(ExitJson) as info:
-                pf.main()
-        return info.value.args[0]
-
+def run(node, monkeypatch):
+    """``run(check=False, **options)``: the module on the simulated node, with this test's defaults."""
+    def _run(check=False, **options):
+        args = {
+            "name": node.name, "label": "gpu-01", "args": {"model_path": node.model, "host": "127.0.0.1", "port": node.port},
+            "gpus": ["0"], "config_dir": str(node.config_dir), "state_dir": str(node.state_dir), "log_file": str(node.log_file),
+            "nvidia_smi": NVIDIA_SMI, "backend": "nvidia-smi", "device_paths": [str(node.root / "dev" / "nvidia*")],
+            "resolution": "mirror", "python": sys.executable, "manager": "process",
+            "lease": {"path": str(node.lease_path), "run_id": "R1"},
+        }
+        args.update(options)
+        return run_module(pf, args, monkeypatch, check=check)
     return _run
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class Health(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        status = 200 if self.path == "/health" else 404
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
 
 @pytest.fixture
-def listener():
-    """A socket of this test process listening on 127.0.0.1 (a "foreign" port owner)."""
+def answering():
+    """A port owned by this test process that answers ``/health`` with 200 (a healthy server, as far as HTTP goes)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+HAND_STARTED = textwrap.dedent(r'''
+    import ctypes, json, os, signal, socket, sys
+    from gpusim.node import Node
+    node = Node(os.environ["GPUSIM_ROOT"])
+    child = None
+    gpus = [int(g) for g in sys.argv[2].split(",")]
+    if sys.argv[1] == "child":
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG
+            node.hold(os.getpid(), gpus=gpus, mib=1000, name="sglang::scheduler")
+            os.write(w, b"x")
+            while True:
+                signal.pause()
+        os.read(r, 1)
+    else:
+        node.hold(os.getpid(), gpus=gpus, mib=1000)
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1)
-    yield sock.getsockname()[1]
-    sock.close()
+    sock.bind(("127.0.0.1", int(sys.argv[3])))
+    sock.listen(8)
+    print(json.dumps({"pid": os.getpid(), "child": child, "port": sock.getsockname()[1]}), flush=True)
+    while True:
+        signal.pause()
+''')
 
 
-def dead_pid():
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
-    return pid
+def hand_started(node, argv_extra=(), hold_in_child=True, gpus=(0,), port=0):
+    """A hand-started "server" in its own session: listens on ``port`` (0: any); it, or its forked child, holds
+    1000 MiB on ``gpus``. Returns ``{"pid", "child", "port"}`` (every PID recorded for teardown)."""
+    script = node.tmp / "hand_started.py"
+    if not script.exists():
+        script.write_text(HAND_STARTED)
+    argv = [sys.executable, str(script), "child" if hold_in_child else "self", ",".join(str(g) for g in gpus),
+            str(port)] + list(argv_extra)
+    proc = subprocess.Popen(argv, env=dict(node.env, PYTHONPATH=str(SIM_PY)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    node.tracked[proc.pid] = starttime(proc.pid)
+    line = proc.stdout.readline()
+    proc.stdout.close()
+    assert line, "the hand-started server did not start"
+    info = json.loads(line)
+    if info["child"]:
+        node.tracked[info["child"]] = starttime(info["child"])
+    return info
 
 
-# ---------------------------------------------------------------------------
-# Pure helpers
-# ---------------------------------------------------------------------------
-
-def test_read_arch(tmp_path):
-    good = tmp_path / "good"
-    good.mkdir()
-    (good / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM", "X"]}')
-    assert pf.read_arch(str(good)) == ("DeepseekV3ForCausalLM", None)
-    missing = pf.read_arch(str(tmp_path / "missing"))
-    assert missing == (None, "does not exist or is not a directory")
-    assert pf.read_arch(str(good / "config.json"))[1] == "does not exist or is not a directory"   # a file
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert pf.read_arch(str(empty)) == (None, "has no readable config.json (No such file or directory)")
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "config.json").write_text("{oops")
-    arch, err = pf.read_arch(str(bad))
-    assert arch is None and err.startswith("has a config.json that is not valid JSON (")
-    for text in ('{"model_type": "llama"}', '{"architectures": []}', '{"architectures": [3]}',
-                 '{"architectures": "LlamaForCausalLM"}', '["LlamaForCausalLM"]'):
-        (bad / "config.json").write_text(text)
-        assert pf.read_arch(str(bad)) == (None, None), text
+def record_running(node, pid, fingerprint):
+    """The state files the launcher writes for the server it started (PID file and state record)."""
+    node.state_dir.mkdir(parents=True, exist_ok=True)
+    (node.state_dir / "server.pid").write_text("%d\n" % pid)
+    state = {"pid": pid, "starttime": starttime(pid), "fingerprint": fingerprint}
+    (node.state_dir / "server.state.json").write_text(json.dumps(state))
 
 
-def test_pid_file_server_checks_liveness_and_start_time(tmp_path):
-    pid_file = tmp_path / "server.pid"
-    state_file = pathlib.Path(sglang_process.state_path_for(str(pid_file)))
-    me = os.getpid()
-    assert pf.pid_file_server(str(pid_file)) is None                     # no PID file
-    pid_file.write_text("garbage\n")
-    assert pf.pid_file_server(str(pid_file)) is None
-    pid_file.write_text("%d\n" % me)
-    assert pf.pid_file_server(str(pid_file)) == me                       # no state file: liveness only
-    start = procfs.read_stat(me)["starttime"]
-    state_file.write_text(json.dumps({"pid": me, "starttime": start}))
-    assert pf.pid_file_server(str(pid_file)) == me
-    state_file.write_text(json.dumps({"pid": me, "starttime": start + 1}))
-    assert pf.pid_file_server(str(pid_file)) is None                     # the PID was reused
-    state_file.write_text(json.dumps({"pid": me + 1, "starttime": start + 1}))
-    assert pf.pid_file_server(str(pid_file)) == me                       # the record is about another PID
-    state_file.write_text(json.dumps({"pid": me, "starttime": "not a number"}))
-    assert pf.pid_file_server(str(pid_file)) == me
-    pid_file.write_text("%d\n" % dead_pid())
-    assert pf.pid_file_server(str(pid_file)) is None
-
-
-def test_pid_file_server_zombie_is_not_running(tmp_path):
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    try:
-        deadline = time.monotonic() + 10
-        while (procfs.read_stat(pid) or {}).get("state") != "Z" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        (tmp_path / "server.pid").write_text(str(pid))
-        assert pf.pid_file_server(str(tmp_path / "server.pid")) is None
-    finally:
-        os.waitpid(pid, 0)
-
-
-def test_unit_main_pid(tmp_path, monkeypatch):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "systemctl").write_text('#!/bin/sh\n[ "$FAKE_RC" = 0 ] || exit "$FAKE_RC"\nprintf "%s\\n" "$FAKE_OUT"\n')
-    (fake / "systemctl").chmod(0o755)
-
-    class Module:
-        def get_bin_path(self, name):
-            return str(fake / name)
-
-        def run_command(self, argv, check_rc=False):
-            assert argv[1:] == ["show", "--property=MainPID", "--value", "sglang-main.service"]
-            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-            return proc.returncode, proc.stdout, proc.stderr
-
-    for rc, out, expected in (("0", "4242", 4242), ("0", "0", None), ("0", "", None), ("0", "n/a", None), ("1", "4242", None)):
-        monkeypatch.setenv("FAKE_RC", rc)
-        monkeypatch.setenv("FAKE_OUT", out)
-        assert pf.unit_main_pid(Module(), "sglang-main.service") == expected, (rc, out)
-    assert pf.unit_main_pid(Module(), None) is None
-
-    class NoSystemctl(Module):
-        def get_bin_path(self, name):
-            return None
-
-    assert pf.unit_main_pid(NoSystemctl(), "sglang-main.service") is None
-
-
-def test_systemd_running_reads_the_run_directory(monkeypatch):
-    monkeypatch.setattr(pf.os.path, "isdir", lambda path: path == "/run/systemd/system")
-    assert pf.systemd_running() is True
+def sleeper(node, *argv):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"] + list(argv), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node.tracked[proc.pid] = starttime(proc.pid)
+    return proc.pid
 
 
 # ---------------------------------------------------------------------------
-# main()
+# A ready node
 # ---------------------------------------------------------------------------
 
-def test_ready_node(node, run):
-    port = free_port()
-    res = run({"model_path": node.model, "draft_model_path": node.draft, "port": port, "gpus": ["0", "1"],
-               "api_key": "s3cret"}, check=True)
-    assert res["failed"] is False and res["changed"] is False
-    assert res["problems"] == []
-    assert res["arch"] == "Qwen2ForCausalLM" and res["draft_arch"] == "LlamaForCausalLMEagle3"
-    assert res["gpu_count"] == 2 and res["backend"] == "nvidia-smi"
-    assert [g["index"] for g in res["gpus"]] == [0, 1]
-    assert res["gpus"][0]["name"] == "NVIDIA H200" and res["gpus"][0]["total_mib"] == 143771
-    assert res["gpus"][0]["uuid"].startswith("GPU-") and res["gpus"][0]["processes"] == []
-    assert res["port_owner"] is None
-    assert res["managed"] == {"pid": None, "source": None, "running": False}
-    assert res["systemd"] is False
+def test_ready_node_plans_a_start_takes_the_lease_and_journals_the_plan(node, run):
+    draft = node.model_dir("draft", "LlamaForCausalLMEagle3")
+    args = {"model_path": node.model, "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": draft,
+            "speculative_eagle_topk": 1, "speculative_num_steps": 1, "speculative_num_draft_tokens": 16, "tp_size": 2,
+            "host": "127.0.0.1", "port": node.port}
+    res = run(args=args, gpus=["0", "1"], api_key=SECRET, env={"HF_TOKEN": "hf_pf_secret"})
+    assert res["failed"] is False, res.get("msg")
+    assert res["problems"] == [] and res["changed"] is True
+    facts = res["node"]
+    assert facts["arch"] == "Qwen2ForCausalLM" and facts["draft_arch"] == "LlamaForCausalLMEagle3"
+    assert facts["gpu_count"] == 2 and facts["backend"] == "nvidia-smi" and facts["systemd"] is False
+    assert [g["index"] for g in facts["gpus"]] == [0, 1] and facts["gpus"][0]["name"] == "NVIDIA H200"
+    assert facts["gpus"][0]["total_mib"] == 143771 and facts["gpus"][0]["uuid"].startswith("GPU-")
+    assert facts["gpu"] == {"name": "NVIDIA H200", "compute_capability": "9.0", "memory_mib": 143771, "count": 2}
+    assert [(p["what"], p["ok"]) for p in facts["probes"]] == [("config", True), ("state", True), ("log", True)]
+    plan = res["plan"]
+    assert plan["action"] == "start" and plan["why"] == "no server of ours runs on the target GPUs"
+    assert plan["target_gpus"] == ["0", "1"] and plan["manager"] == "process" and plan["port_owner"] is None
+    assert plan["holders"] == [] and plan["teardown_pids"] == [] and plan["running"] is None
+    assert plan["rollback_ready"] is False and "no known-good config under" in plan["known_good"]["why"]
+    assert plan["url"] == "http://127.0.0.1:%d" % node.port and plan["ports"][0] == node.port
+    assert plan["argv"][-2:] == ["--config", str(node.config_dir / "candidate" / "config.yaml")]
+    # The resolution (honor_draft_tokens): 16 draft tokens need 15 steps; the plan lines say so.
+    resolved = res["resolved"]
+    assert resolved["source"] == "mirror" and resolved["args"]["speculative_num_steps"] == 15
+    assert any(line.startswith("speculative_num_steps: 1 -> 15 [") for line in res["lines"])
+    assert res["lines"][0].startswith("gpu-01: start (no server of ours runs on the target GPUs); GPUs 0,1; manager process; "
+                                      "args resolved by the collection's mirror; rollback not possible: ")
+    # The lease is this run's, and the plan is in the node journal.
+    assert res["lease"]["acquired"] is True and res["lease"]["generation"] == 1
+    assert lease_mod.read_holder(str(node.lease_path))["owner"] == "R1"
+    entry = node.journal()
+    assert entry["run_id"] == "R1" and entry["step"] == journal_mod.PLANNED
+    assert entry["plan"] == {"action": "start", "why": plan["why"]} and entry["intended"] == {"fingerprint": plan["fingerprint"]}
+    dumped = json.dumps(res)
+    assert SECRET not in dumped and "hf_pf_secret" not in dumped
+    assert not (node.config_dir / "candidate").exists()                  # nothing but the lease and the journal written
 
 
-def test_auto_backend_falls_back_to_nvidia_smi_and_all_gpus_by_default(node, run):
-    res = run({"model_path": node.model, "port": free_port(), "backend": "auto"})
-    assert res["problems"] == [] and res["backend"] == "nvidia-smi"
-    assert [g["index"] for g in res["gpus"]] == [0, 1] and res["draft_arch"] is None
+def test_check_mode_plans_without_a_lease_or_journal(node, run):
+    res = run(check=True)
+    assert res["failed"] is False and res["changed"] is False and res["problems"] == []
+    assert res["plan"]["action"] == "start"
+    assert res["lease"] == {"acquired": False, "state": "free", "reason": "not held", "path": str(node.lease_path),
+                            "holder": {}, "generation": 0, "waited": 0.0}
+    assert not node.lease_path.parent.exists() and not node.state_dir.exists()
+
+
+def test_auto_backend_falls_back_to_nvidia_smi(node, run, monkeypatch):
+    monkeypatch.setattr(plan_mod.gpu_query, "pynvml", None)
+    res = run(backend="auto", check=True)
+    assert res["problems"] == [] and res["node"]["backend"] == "nvidia-smi"
 
 
 def test_nvml_backend_unavailable_fails(node, run, monkeypatch):
-    monkeypatch.setattr(pf.gpu_query, "pynvml", None)
-    res = run({"model_path": node.model, "backend": "nvml"})
-    assert res["failed"] is True and res["msg"].startswith("backend=nvml cannot be used: ")
+    monkeypatch.setattr(plan_mod.gpu_query, "pynvml", None)
+    res = run(backend="nvml", check=True)
+    assert res["failed"] is True
+    assert res["problems"][0] == "backend=nvml cannot be used: the pynvml module (nvidia-ml-py) is not installed"
+    assert res["msg"].startswith("Preflight failed on gpu-01; the running server was not touched. backend=nvml cannot be used")
 
 
-@pytest.mark.parametrize("port", [0, 70000, -1])
-def test_bad_port_fails(node, run, port):
-    res = run({"model_path": node.model, "port": port})
-    assert res["failed"] is True and res["msg"] == "port must be between 1 and 65535, got %d" % port
+# ---------------------------------------------------------------------------
+# Checks before anything is touched (each names the variable and the fix)
+# ---------------------------------------------------------------------------
+
+def test_bad_settings_fail_before_the_lease_naming_each_variable(node, run):
+    res = run(settings={"sglang_server_health_timeout": 0, "gpu_verify_timeout": -1, "sglang_smoke_timeout": "soon",
+                        "not_a_checked_variable": -5})
+    assert res["failed"] is True
+    text = "\n".join(res["problems"])
+    for name in ("sglang_server_health_timeout: must be", "gpu_verify_timeout: must be", "sglang_smoke_timeout: must be"):
+        assert name in text, name
+    assert "not_a_checked_variable" not in text
+    assert res["lease"]["acquired"] is False and not node.lease_path.exists() and not node.state_dir.exists()
+
+
+@pytest.mark.parametrize("key", ["line\nbreak", "nul\0byte", " padded "])
+def test_an_api_key_that_no_header_can_carry(node, run, key):
+    res = run(api_key=key)
+    assert res["failed"] is True and any(p.startswith("sglang_server_api_key: ") for p in res["problems"])
+    assert not node.lease_path.exists()
+
+
+def test_keys_in_args_are_refused_naming_the_variable_to_use(node, run):
+    res = run(args={"model_path": node.model, "port": node.port, "admin_api_key": "adm-in-args"})
+    assert res["failed"] is True
+    assert ("sglang_server_args.admin_api_key: put the key in sglang_server_admin_api_key instead (a no_log variable that goes "
+            "into the 0600 --config file); args are shown in plans and reports") in res["problems"]
+    assert "adm-in-args" not in json.dumps(res)
 
 
 def test_model_problems_name_the_variable(node, run):
     empty = node.model_dir("empty")
-    res = run({"model_path": str(node.tmp / "nope"), "draft_model_path": empty, "port": free_port()})
-    assert res["failed"] is False
-    assert res["arch"] is None and res["draft_arch"] is None
-    assert res["problems"] == [
-        "sglang_server_args.model_path: %s does not exist or is not a directory on this node; "
-        "copy the model there or fix the path" % (node.tmp / "nope"),
-        "sglang_server_args.speculative_draft_model_path: %s has no readable config.json (No such file or directory) "
-        "on this node; copy the draft model there or fix the path" % empty,
-    ]
+    res = run(args={"model_path": str(node.tmp / "nope"), "speculative_algorithm": "EAGLE3",
+                    "speculative_draft_model_path": empty, "port": node.port}, check=True)
+    assert res["node"]["arch"] is None and res["node"]["draft_arch"] is None
+    assert ("sglang_server_args.model_path: %s does not exist or is not a directory on this node; copy the model there or fix "
+            "the path" % (node.tmp / "nope")) in res["problems"]
+    assert ("sglang_server_args.speculative_draft_model_path: %s has no readable config.json (No such file or directory) on "
+            "this node; copy the draft model there or fix the path" % empty) in res["problems"]
+    res = run(args={"port": node.port}, check=True)
+    assert "sglang_server_args.model_path: not set; give the model directory on the node" in res["problems"]
 
 
 def test_model_config_without_architectures_is_not_a_problem(node, run):
     model = node.model_dir("noarch", text='{"model_type": "qwen2"}')
-    res = run({"model_path": model, "port": free_port()})
-    assert res["problems"] == [] and res["arch"] is None
+    res = run(args={"model_path": model, "port": node.port}, check=True)
+    assert res["problems"] == [] and res["node"]["arch"] is None
 
 
-def test_gpu_selection_problems(node, run):
-    res = run({"model_path": node.model, "port": free_port(), "gpus": ["0", "5"]})
-    assert [g["index"] for g in res["gpus"]] == [0]
+def test_gpu_selection_and_layout_problems(node, run):
+    res = run(gpus=["0", "5"], args={"model_path": node.model, "port": node.port, "tp_size": 2}, check=True)
+    assert [g["index"] for g in res["node"]["gpus"]] == [0]
     assert len(res["problems"]) == 1
     assert res["problems"][0].startswith("sglang_server_cuda_visible_devices / tp_size: no GPU matches '5'")
     assert res["problems"][0].endswith("; the node has 2 GPU(s)")
+    res = run(gpus=["0", "1"], explicit_gpus=True, args={"model_path": node.model, "port": node.port, "tp_size": 4}, check=True)
+    assert res["problems"] == ["sglang_server_cuda_visible_devices: tp_size 4 needs 4 GPU(s) per node, but it lists 2 (0,1); "
+                               "list 4 GPU(s) or change the parallel layout"]
 
 
 def test_lost_gpu_is_a_problem(node, run):
     node.gpusim("lose", "--gpu", 1)
-    res = run({"model_path": node.model, "port": free_port(), "gpus": ["0", "1"]})
-    assert res["gpu_count"] == 1
+    res = run(gpus=["0", "1"], args={"model_path": node.model, "port": node.port, "tp_size": 2}, check=True)
+    assert res["node"]["gpu_count"] == 1
     assert len(res["problems"]) == 1 and res["problems"][0].startswith("GPU 1 is lost (")
     assert res["problems"][0].endswith("); the server cannot use it")
 
 
 def test_driver_not_loaded_is_a_problem(node, run):
     node.gpusim("driver", "unload")
-    res = run({"model_path": node.model, "port": free_port(), "gpus": ["0"]})
-    assert res["failed"] is False
-    assert res["gpus"] == [] and res["gpu_count"] == 0
-    assert len(res["problems"]) == 1
-    problem = res["problems"][0]
-    assert problem.startswith("nvidia-smi does not answer: the NVIDIA kernel driver is not loaded (nvidia-smi rc 9)")
-    assert "couldn't communicate with the NVIDIA driver" in problem
+    res = run(check=True)
+    assert res["failed"] is True and res["node"]["gpus"] == [] and res["node"]["gpu_count"] == 0
+    assert res["problems"][0].startswith("nvidia-smi (sglang_server_nvidia_smi): cannot read the GPUs: the NVIDIA kernel driver "
+                                         "is not loaded (nvidia-smi rc 9)")
+    assert "couldn't communicate with the NVIDIA driver" in res["problems"][0]
 
 
-def test_foreign_port_owner_is_a_problem(node, run, listener):
-    res = run({"model_path": node.model, "port": listener, "gpus": ["0"]})
-    me = os.getpid()
-    owner = res["port_owner"]
-    assert owner["pid"] == me and owner["managed"] is False and "adoptable" not in owner
-    assert owner["comm"] == procfs.read_comm(me)
-    assert owner["cmdline"] == " ".join(procfs.read_cmdline(me))
-    assert res["problems"] == [
-        "sglang_server_args.port: port %d is held by PID %d (%s), which is not the managed server; "
-        "stop it or choose another port" % (listener, me, owner["cmdline"])]
-
-
-def test_port_owner_in_the_managed_tree_via_pid_file(node, run, listener, tmp_path):
-    pid_file = tmp_path / "state" / "server.pid"
-    pid_file.parent.mkdir()
-    pid_file.write_text("%d\n" % os.getpid())
-    res = run({"model_path": node.model, "port": listener, "pid_file": str(pid_file)})
-    assert res["problems"] == []
-    assert res["managed"] == {"pid": os.getpid(), "source": "pid_file", "running": True}
-    assert res["port_owner"]["managed"] is True
-
-
-def test_stale_pid_file_is_not_the_managed_server(node, run, listener, tmp_path):
-    """The PID in the file now names another process (start time differs): a problem, not managed."""
-    pid_file = tmp_path / "server.pid"
-    pid_file.write_text(str(os.getpid()))
-    start = procfs.read_stat(os.getpid())["starttime"]
-    pathlib.Path(sglang_process.state_path_for(str(pid_file))).write_text(json.dumps({"pid": os.getpid(), "starttime": start - 1}))
-    res = run({"model_path": node.model, "port": listener, "pid_file": str(pid_file)})
-    assert res["managed"] == {"pid": None, "source": None, "running": False}
-    assert res["port_owner"]["managed"] is False and len(res["problems"]) == 1
-
-
-def test_dead_pid_file_and_unit_fallback(node, run, listener, tmp_path, monkeypatch):
-    pid_file = tmp_path / "server.pid"
-    pid_file.write_text(str(dead_pid()))
-    calls = []
-
-    def main_pid(module, unit):
-        calls.append(unit)
-        return os.getpid()
-
-    monkeypatch.setattr(pf, "unit_main_pid", main_pid)
-    without = run({"model_path": node.model, "port": listener, "pid_file": str(pid_file), "unit": "sglang-main.service"})
-    assert without["managed"]["pid"] is None and calls == []           # no systemd on the node: the unit is not asked
-    monkeypatch.setattr(pf, "systemd_running", lambda: True)
-    res = run({"model_path": node.model, "port": listener, "pid_file": str(pid_file), "unit": "sglang-main.service"})
-    assert calls == ["sglang-main.service"]
-    assert res["systemd"] is True
-    assert res["managed"] == {"pid": os.getpid(), "source": "unit", "running": True}
-    assert res["port_owner"]["managed"] is True and res["problems"] == []
-    monkeypatch.setattr(pf, "unit_main_pid", lambda module, unit: None)
-    stopped = run({"model_path": node.model, "port": listener, "unit": "sglang-main.service"})
-    assert stopped["managed"] == {"pid": None, "source": None, "running": False}
-
-
-def test_port_listener_that_cannot_be_seen(node, run, monkeypatch):
-    monkeypatch.setattr(pf.sockets, "port_listeners", lambda port: (True, []))
-    res = run({"model_path": node.model, "port": 30000})
-    assert res["port_owner"] == {"pid": None, "comm": None, "cmdline": None, "managed": False}
-    assert res["problems"] == ["sglang_server_args.port: port 30000 is held by a process this user cannot see, "
-                               "which is not the managed server; stop it or choose another port"]
-
-
-@pytest.mark.parametrize("hold_in_child", [True, False], ids=["child-holds", "listener-holds"])
-def test_hand_started_server_holding_the_target_gpus_is_adoptable(node, run, hold_in_child):
-    srv = node.server(argv_extra=["-m", "sglang.launch_server", "--api-key", "s3cret", "--hf-token", "hf_abc"],
-                      hold_in_child=hold_in_child)
-    res = run({"model_path": node.model, "port": srv["port"], "gpus": ["0", "1"]})
-    owner = res["port_owner"]
-    assert owner["pid"] == srv["pid"] and owner["managed"] is False and owner["adoptable"] is True
-    assert res["problems"] == []
-    holder = srv["child"] if hold_in_child else srv["pid"]
-    assert [p["pid"] for p in res["gpus"][0]["processes"]] == [holder]
-    # The command line is shown with every secret masked.
-    assert "s3cret" not in json.dumps(res) and "hf_abc" not in json.dumps(res)
-    assert owner["cmdline"].endswith("-m sglang.launch_server --api-key ******** --hf-token ********")
-
-
-def test_hand_started_server_on_other_gpus_or_beside_a_managed_server_is_a_problem(node, run, tmp_path):
-    srv = node.server(hold_in_child=True)
-    other = run({"model_path": node.model, "port": srv["port"], "gpus": ["1"]})
-    assert "adoptable" not in other["port_owner"] and len(other["problems"]) == 1
-    assert "port %d is held by PID %d (" % (srv["port"], srv["pid"]) in other["problems"][0]
-    managed = node.decoy()                           # a managed server runs, elsewhere
-    pid_file = tmp_path / "server.pid"
-    pid_file.write_text(str(managed))
-    beside = run({"model_path": node.model, "port": srv["port"], "gpus": ["0"], "pid_file": str(pid_file)})
-    assert beside["managed"]["pid"] == managed
-    assert "adoptable" not in beside["port_owner"] and len(beside["problems"]) == 1
-
-
-# ---------------------------------------------------------------------------
-# The node lock's state and the server's directories (read-only reports)
-# ---------------------------------------------------------------------------
-
-def test_lock_state_is_reported_without_touching_the_lock(node, run, tmp_path):
-    lock = tmp_path / "locks" / "gpufleet-sglang-main.lock"
-    res = run({"model_path": node.model, "port": free_port()})
-    assert res["lock"] is None                                           # not asked
-    res = run({"model_path": node.model, "port": free_port(), "lock_path": str(lock)})
-    assert res["lock"] == {"path": str(lock), "held": False, "owner": None, "generation": 0}
-    assert not lock.parent.exists()                                      # read-only: nothing created
-    lock.parent.mkdir()
-    lock.mkdir()
-    (lock / "holder.json").write_text(json.dumps({"owner": "run-A"}))
-    (tmp_path / "locks" / "gpufleet-sglang-main.lock.generation").write_text("41\n")
-    res = run({"model_path": node.model, "port": free_port(), "lock_path": str(lock)}, check=True)
-    assert res["lock"] == {"path": str(lock), "held": True, "owner": "run-A", "generation": 41}
-    assert (lock / "holder.json").exists()
-
-
-def test_directories_report_what_exists_with_the_wanted_mode_and_owner(node, run, tmp_path):
-    import grp
-    import pwd
-    me = pwd.getpwuid(os.getuid()).pw_name
-    group = grp.getgrgid(os.getgid()).gr_name
-    good = tmp_path / "etc"
-    good.mkdir()
-    good.chmod(0o750)
-    wide = tmp_path / "state"
-    wide.mkdir()
-    wide.chmod(0o755)
-    plain = tmp_path / "a-file"
-    plain.write_text("x")
-    plain.chmod(0o750)
-    missing = tmp_path / "log" / "sub"
-    dirs = [str(good), str(wide), str(plain), str(missing)]
-    res = run({"model_path": node.model, "port": free_port(), "directories": dirs})
-    assert [d["path"] for d in res["directories"]] == dirs              # as given, in order
-    by_path = {d["path"]: d for d in res["directories"]}
-    assert by_path[str(good)] == {"path": str(good), "exists": True, "mode": "0750", "owner": me, "group": group, "ok": True}
-    assert by_path[str(wide)]["mode"] == "0755" and by_path[str(wide)]["ok"] is False
-    assert by_path[str(plain)]["exists"] is True and by_path[str(plain)]["ok"] is False      # not a directory
-    assert by_path[str(missing)] == {"path": str(missing), "exists": False, "mode": None, "owner": None, "group": None, "ok": False}
-    assert not missing.exists()                                          # read-only
-    # The owner and group count when given, by name or by number.
-    for owner, grp_ in ((me, group), (str(os.getuid()), str(os.getgid()))):
-        res = run({"model_path": node.model, "port": free_port(), "directories": [str(good)],
-                   "directory_owner": owner, "directory_group": grp_})
-        assert res["directories"][0]["ok"] is True, (owner, grp_)
-    res = run({"model_path": node.model, "port": free_port(), "directories": [str(good)], "directory_owner": "no-such-user-x"})
-    assert res["directories"][0]["ok"] is False
-    res = run({"model_path": node.model, "port": free_port(), "directories": [str(good)], "directory_group": "no-such-group-x"})
-    assert res["directories"][0]["ok"] is False
-    # Another mode is asked for: the 0750 directory needs a change.
-    res = run({"model_path": node.model, "port": free_port(), "directories": [str(good), str(wide)], "directory_mode": "755"})
-    assert [d["ok"] for d in res["directories"]] == [False, True]
+def test_a_directory_under_a_regular_file_fails_naming_the_variable(node, run):
+    blocker = node.tmp / "etc-file"
+    blocker.write_text("a file")
+    res = run(config_dir=str(blocker / "unit"))
+    assert res["failed"] is True
+    assert ("sglang_server_config_dir: the config directory %s is not usable: %s exists and is not a directory; fix it before "
+            "the redeploy (nothing was touched)" % (blocker / "unit", blocker)) in res["problems"]
+    assert [p["ok"] for p in res["node"]["probes"]] == [False, True, True]
+    assert not node.lease_path.exists() and blocker.read_text() == "a file"
+    res = run(log_file="/proc/gpufleet-h7/server.log", check=True)
+    assert any(p.startswith("sglang_server_log_file: the log directory /proc/gpufleet-h7 is not usable: cannot create a file "
+                            "in /proc: ") for p in res["problems"])
 
 
 @pytest.mark.parametrize("mode", ["rwx", "0999", "17777", ""])
 def test_bad_directory_mode_fails_naming_the_option(node, run, mode):
-    res = run({"model_path": node.model, "port": free_port(), "directory_mode": mode})
+    res = run(directory_mode=mode, check=True)
     assert res["failed"] is True
-    assert res["msg"] == "directory_mode must be an octal string such as '0750', got %r" % mode
+    assert "directory_mode must be an octal string such as '0750', got %r" % mode in res["problems"]
+
+
+# ---------------------------------------------------------------------------
+# The port and the GPU holders
+# ---------------------------------------------------------------------------
+
+def test_foreign_port_owner_is_a_problem(node, run, answering):
+    res = run(args={"model_path": node.model, "host": "127.0.0.1", "port": answering}, check=True)
+    me = os.getpid()
+    owner = res["plan"]["port_owner"]
+    assert owner["pid"] == me and owner["managed"] is False and owner["adoptable"] is False
+    assert owner["comm"] == plan_mod.procfs.read_comm(me)
+    assert ("sglang_server_args.port: port %d is held by PID %d (%s), which is not the managed server; stop it or choose "
+            "another port" % (answering, me, owner["cmdline"])) in res["problems"]
+
+
+def test_a_port_listener_that_cannot_be_seen(node, run, monkeypatch):
+    monkeypatch.setattr(plan_mod.sockets, "port_listeners", lambda port: (True, []))
+    res = run(check=True)
+    assert res["plan"]["port_owner"] == {"pid": None, "comm": None, "cmdline": None, "managed": False, "adoptable": False}
+    assert ("sglang_server_args.port: port %d is held by a process this user cannot see, which is not the managed server; "
+            "stop it or choose another port" % node.port) in res["problems"]
+
+
+def test_the_managed_server_by_its_pid_file_and_record_owns_the_port(node, run, answering):
+    record_running(node, os.getpid(), "sha256:older-config")
+    res = run(args={"model_path": node.model, "host": "127.0.0.1", "port": answering}, check=True)
+    assert res["problems"] == [], res["problems"]
+    plan = res["plan"]
+    assert plan["port_owner"]["managed"] is True
+    assert plan["running"] == {"pid": os.getpid(), "fingerprint": "sha256:older-config", "source": "pid_file", "healthy": True}
+    assert plan["action"] == "restart" and plan["why"] == "the running server (PID %d, pid_file) runs another config" % os.getpid()
+    assert plan["teardown_pids"] == [os.getpid()]
+
+
+def test_a_pid_file_that_names_another_process_now_is_not_the_managed_server(node, run, answering):
+    other = sleeper(node, "not-a-server")
+    (node.state_dir).mkdir(parents=True)
+    (node.state_dir / "server.pid").write_text("%d\n" % other)
+    (node.state_dir / "server.state.json").write_text(json.dumps({"pid": other, "starttime": starttime(other) + 1}))
+    res = run(args={"model_path": node.model, "host": "127.0.0.1", "port": answering}, check=True)
+    assert res["plan"]["running"] is None and res["plan"]["port_owner"]["managed"] is False
+    assert len(res["problems"]) == 1 and "which is not the managed server" in res["problems"][0]
+
+
+def test_an_unrecorded_server_in_the_pid_file_is_replaced(node, run):
+    pid = sleeper(node, "-m", "sglang.launch_server", "--api-key", SECRET)
+    node.state_dir.mkdir(parents=True)
+    (node.state_dir / "server.pid").write_text("%d\n" % pid)
+    res = run(check=True)
+    running = res["plan"]["running"]
+    assert running["pid"] == pid and running["source"] == "pid_file (no launch record)" and running["fingerprint"] is None
+    assert res["plan"]["action"] == "restart"
+    assert res["plan"]["why"] == ("the running server (PID %d, pid_file (no launch record)) was not started by this collection; "
+                                  "replacing it" % pid)
+    assert SECRET not in json.dumps(res)
+
+
+def test_the_managed_systemd_unit_is_found_by_its_main_pid(node, run, answering, monkeypatch, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text('#!/bin/sh\nprintf "LoadState=loaded\\nActiveState=active\\nMainPID=%s\\n'
+                                      'NeedDaemonReload=no\\n" "$FAKE_MAIN_PID"\n')
+    (bindir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
+    monkeypatch.setenv("FAKE_MAIN_PID", str(os.getpid()))
+    monkeypatch.setattr(plan_mod.systemd, "running", lambda root="/run/systemd/system": True)
+    units = tmp_path / "units"
+    units.mkdir()
+    res = run(manager="systemd", unit_dir=str(units), args={"model_path": node.model, "host": "127.0.0.1", "port": answering},
+              check=True)
+    assert res["problems"] == [], res["problems"]
+    assert res["node"]["systemd"] is True and res["plan"]["manager"] == "systemd"
+    assert res["plan"]["running"]["pid"] == os.getpid() and res["plan"]["running"]["source"] == "unit"
+    assert res["plan"]["port_owner"]["managed"] is True and res["plan"]["unit"] == "sglang-unit.service"
+    assert [p["what"] for p in res["node"]["probes"]] == ["config", "state", "log", "unit"]
+    monkeypatch.setattr(plan_mod.systemd, "running", lambda root="/run/systemd/system": False)
+    res = run(manager="systemd", unit_dir=str(units), check=True)
+    assert res["problems"][0].startswith("sglang_server_manager: systemd is not running on this node")
+
+
+@pytest.mark.parametrize("hold_in_child", [True, False], ids=["child-holds", "listener-holds"])
+def test_a_hand_started_server_on_the_managed_port_is_adopted(node, run, hold_in_child):
+    srv = hand_started(node, ["-m", "sglang.launch_server", "--api-key", SECRET, "--hf-token", "hf_abc"],
+                       hold_in_child=hold_in_child, port=node.port)
+    res = run(check=True)
+    assert res["problems"] == [], res["problems"]
+    owner = res["plan"]["port_owner"]
+    assert owner["pid"] == srv["pid"] and owner["managed"] is False and owner["adoptable"] is True
+    holder = srv["child"] if hold_in_child else srv["pid"]
+    assert [(h["pid"], h["class"]) for h in res["plan"]["holders"]] == [(holder, "adopted")]
+    assert srv["pid"] in res["plan"]["teardown_pids"] and holder in res["plan"]["teardown_pids"]
+    assert [p["pid"] for p in res["node"]["gpus"][0]["processes"]] == [holder]
+    # The command line is shown with every secret masked.
+    assert SECRET not in json.dumps(res) and "hf_abc" not in json.dumps(res)
+    assert owner["cmdline"].endswith("-m sglang.launch_server --api-key ******** --hf-token ********")
+
+
+def test_a_hand_started_server_on_other_gpus_is_not_adopted(node, run):
+    srv = hand_started(node, gpus=(1,), port=node.port)
+    res = run(check=True)
+    assert res["plan"]["port_owner"]["adoptable"] is False and len(res["problems"]) == 1
+    assert "port %d is held by PID %d (" % (node.port, srv["pid"]) in res["problems"][0]
+
+
+def test_a_foreign_holder_of_the_target_gpus_fails_naming_it_unless_allowed(node, run):
+    other = hand_started(node, ["-m", "sglang.launch_server", "--api-key", SECRET], hold_in_child=False, gpus=(0,))
+    res = run()
+    assert res["failed"] is True and not node.lease_path.exists()
+    holders = res["plan"]["holders"]
+    assert [(h["pid"], h["class"]) for h in holders] == [(other["pid"], "foreign")]
+    assert holders[0]["ports"] == [other["port"]] and holders[0]["user"] == plan_mod.pf._user(os.getuid())
+    problem = [p for p in res["problems"] if p.startswith("the target GPUs are held by 1 process(es)")][0]
+    assert ("PID %d (user %s, GPUs 0, ports %d): " % (other["pid"], holders[0]["user"], other["port"])) in problem
+    assert "--api-key ********" in problem and SECRET not in json.dumps(res)
+    assert "sglang_adopt_pids" in problem and "sglang_teardown_foreign: true" in problem
+    assert res["plan"]["teardown_pids"] == []
+    # Named by PID or by pattern: adopted; with allow_foreign: torn down as foreign.
+    for options in ({"adopt_pids": [other["pid"]]}, {"adopt_patterns": ["launch_server .*--api-key"]}):
+        adopted = run(check=True, **options)
+        assert adopted["problems"] == [] and adopted["plan"]["holders"][0]["class"] == "adopted", options
+    allowed = run(check=True, allow_foreign=True)
+    assert allowed["problems"] == [] and allowed["plan"]["holders"][0]["class"] == "foreign"
+    assert allowed["plan"]["teardown_pids"] == [other["pid"]]
+    assert any(line.startswith("GPU holder PID %d (foreign, user " % other["pid"]) for line in allowed["lines"])
+    bad = run(check=True, adopt_patterns=["(unclosed"])
+    assert any(p.startswith("sglang_adopt_patterns: '(unclosed' is not a valid regular expression") for p in bad["problems"])
+
+
+def test_a_gpu_holder_that_another_port_serves_on_fails_the_port_check(node, run):
+    other = hand_started(node, hold_in_child=False, gpus=(1,))
+    res = run(check=True, args={"model_path": node.model, "host": "127.0.0.1", "port": node.port,
+                                "nccl_port": other["port"]})
+    assert any(p.startswith("port %d (" % other["port"]) and "which this deploy does not replace" in p
+               for p in res["problems"]), res["problems"]
+
+
+# ---------------------------------------------------------------------------
+# The plan's action and the lease
+# ---------------------------------------------------------------------------
+
+def known_good_record(node, fingerprint, args):
+    kg = node.config_dir / "known-good"
+    kg.mkdir(parents=True)
+    (kg / "server.json").write_text(json.dumps({"name": node.name, "version": "0.5.23", "manager": "process",
+                                                "python": sys.executable, "args": args, "env": {"CUDA_VISIBLE_DEVICES": "0"},
+                                                "fingerprint": fingerprint}))
+
+
+def test_the_promoted_config_already_running_is_left_alone_and_takes_no_lease(node, run, answering):
+    args = {"model_path": node.model, "host": "127.0.0.1", "port": answering}
+    intended = run(check=True, args=args)["plan"]["fingerprint"]
+    record_running(node, os.getpid(), intended)
+    known_good_record(node, intended, args)
+    res = run(args=args)
+    assert res["failed"] is False and res["changed"] is False, res.get("msg")
+    plan = res["plan"]
+    assert plan["action"] == "none" and plan["why"] == "the healthy server already runs the promoted (known-good) intended config"
+    assert plan["rollback_ready"] is True and plan["known_good"]["fingerprint"] == intended
+    assert res["lease"]["acquired"] is False and not node.lease_path.exists()
+    assert not (node.state_dir / "journal.json").exists()
+    forced = run(args=args, force=True)
+    assert forced["plan"]["action"] == "restart" and forced["plan"]["why"] == "sglang_redeploy_force is set"
+    assert forced["lease"]["acquired"] is True and node.journal()["step"] == journal_mod.PLANNED
+
+
+def test_an_interrupted_run_is_named_in_the_plan(node, run):
+    journal_mod.record(journal_mod.path_for(str(node.state_dir)), "R0", journal_mod.TEARDOWN, detail="signalling 4242")
+    res = run(check=True)
+    plan = res["plan"]
+    assert plan["interrupted"] is True and plan["recovering"] is True and plan["action"] == "start"
+    assert plan["why"] == "run R0 stopped at step teardown without settling the node and left no server running: redeploying"
+    assert plan["journal"]["entry"]["run_id"] == "R0" and "history" not in plan["journal"]["entry"]
+    assert any(line.startswith("journal: run R0 reached step teardown ") for line in res["lines"])
+
+
+def test_a_live_lease_of_another_run_fails_the_preflight_naming_it(node, run):
+    lease_mod.acquire(str(node.lease_path), "R-other", ttl=300)
+    res = run()
+    assert res["failed"] is True and res["lease"]["acquired"] is False
+    problem = [p for p in res["problems"] if p.startswith("another redeploy holds the node lease")][0]
+    assert "run R-other" in problem and "sglang_lease_break=R-other" in problem
+    assert lease_mod.read_holder(str(node.lease_path))["owner"] == "R-other"
+    assert not (node.state_dir / "journal.json").exists()
+
+
+def test_an_expired_lease_is_taken_over_loudly(node, run):
+    lease_mod.acquire(str(node.lease_path), "R-dead", ttl=30, now_fn=lambda: 1000.0)
+    res = run()
+    assert res["failed"] is False and res["lease"]["acquired"] is True
+    assert res["lease"]["took_over"]["owner"] == "R-dead" and "its deadline passed" in res["lease"]["took_over_reason"]
+    assert any(w.startswith("took over the node lease %s from run R-dead" % node.lease_path) for w in res["warnings"])
+    assert any(line.startswith("lease: TOOK OVER the lease of run R-dead (") for line in res["lines"])
+    assert lease_mod.read_holder(str(node.lease_path))["owner"] == "R1" and node.journal()["step"] == journal_mod.PLANNED
+
+
+def test_the_lease_state_is_reported_read_only_in_check_mode(node, run):
+    res = run(check=True, lease={})
+    assert res["lease"] == {"acquired": False, "state": "none", "path": None}
+    lease_mod.acquire(str(node.lease_path), "run-A", ttl=300)
+    (node.lease_path.parent / (node.lease_path.name + ".generation")).write_text("41\n")
+    res = run(check=True)
+    assert res["lease"]["state"] == "live" and res["lease"]["holder"]["owner"] == "run-A" and res["lease"]["generation"] == 41
+    assert lease_mod.read_holder(str(node.lease_path))["owner"] == "run-A"
+
+
+# ---------------------------------------------------------------------------
+# The server's directories (a read-only report)
+# ---------------------------------------------------------------------------
+
+def test_directories_report_what_exists_with_the_wanted_mode_and_owner(node, run):
+    import grp
+    import pwd
+    me = pwd.getpwuid(os.getuid()).pw_name
+    group = grp.getgrgid(os.getgid()).gr_name
+    good = node.tmp / "etc-good"
+    good.mkdir()
+    good.chmod(0o750)
+    wide = node.tmp / "state-wide"
+    wide.mkdir()
+    wide.chmod(0o755)
+    plain = node.tmp / "a-file"
+    plain.write_text("x")
+    plain.chmod(0o750)
+    missing = node.tmp / "log-missing" / "sub"
+    dirs = [str(good), str(wide), str(plain), str(missing)]
+    res = run(check=True, directories=dirs)
+    got = res["node"]["directories"]
+    assert [d["path"] for d in got] == dirs                              # as given, in order
+    by_path = dict((d["path"], d) for d in got)
+    assert by_path[str(good)] == {"path": str(good), "exists": True, "mode": "0750", "owner": me, "group": group, "ok": True}
+    assert by_path[str(wide)]["mode"] == "0755" and by_path[str(wide)]["ok"] is False
+    assert by_path[str(plain)]["exists"] is True and by_path[str(plain)]["ok"] is False      # not a directory
+    assert by_path[str(missing)] == {"path": str(missing), "exists": False, "mode": None, "owner": None, "group": None,
+                                     "ok": False}
+    assert not missing.exists()                                          # read-only
+    for owner, grp_ in ((me, group), (str(os.getuid()), str(os.getgid()))):
+        res = run(check=True, directories=[str(good)], directory_owner=owner, directory_group=grp_)
+        assert res["node"]["directories"][0]["ok"] is True, (owner, grp_)
+    res = run(check=True, directories=[str(good)], directory_owner="no-such-user-x")
+    assert res["node"]["directories"][0]["ok"] is False
+    res = run(check=True, directories=[str(good)], directory_group="no-such-group-x")
+    assert res["node"]["directories"][0]["ok"] is False
+    res = run(check=True, directories=[str(good), str(wide)], directory_mode="755")
+    assert [d["ok"] for d in res["node"]["directories"]] == [False, True]
 
 
 def test_directory_owner_without_a_name_on_the_node(tmp_path, monkeypatch):
     def no_name(ident):
         raise KeyError(ident)
 
-    monkeypatch.setattr(pf.pwd, "getpwuid", no_name)
-    monkeypatch.setattr(pf.grp, "getgrgid", no_name)
-    entry = pf.inspect_directory(str(tmp_path), pf.stat.S_IMODE(os.stat(str(tmp_path)).st_mode), str(os.getuid()), "")
+    monkeypatch.setattr(plan_mod.pwd, "getpwuid", no_name)
+    monkeypatch.setattr(plan_mod.grp, "getgrgid", no_name)
+    entry = plan_mod.inspect_directory(str(tmp_path), os.stat(str(tmp_path)).st_mode & 0o7777, str(os.getuid()), "")
     assert entry["owner"] == str(os.getuid()) and entry["group"] == str(os.getgid()) and entry["ok"] is True
