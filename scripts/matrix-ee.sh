@@ -18,12 +18,15 @@
 #      "clean") and PYCMD=/opt/ee/bin/python3.11. The build's pip steps fetch
 #      ansible-core, ansible-runner, bindep and dumb-init from PyPI.
 # Tags are hashes of their inputs (base tag, Containerfile, CA bundle;
-# tarball, execution-environment.yml, ansible-builder version), so a change
-# rebuilds exactly what it affects. tests/matrix/test_execution_environment.py
-# runs a redeploy inside the result.
+# the tarball's member names and contents, not its timestamps;
+# execution-environment.yml, ansible-builder version), so a change rebuilds
+# exactly what it affects. After a build, the older gpufleet-sglang-ee tags and
+# the build's dangling stage images go (ansible-builder --prune-images), except
+# what a container still uses. tests/matrix/test_execution_environment.py runs
+# a redeploy inside the result.
 #
 # Options: --force (rebuild steps 2 and 4), --print (print the EE name the
-# current inputs would have; builds nothing but the tarball).
+# current inputs would have; runs only steps 1 and 3, which reuse or are cheap).
 # Environment: CONTAINERS_CONF (default molecule/containers.conf),
 # GPUFLEET_BUILD_DIR (temporary contexts, default /var/tmp).
 set -euo pipefail
@@ -67,7 +70,19 @@ EE_BASE="$EE_BASE_REPO:$ee_base_hash"
 make --no-print-directory build >&2 || die "make build failed"
 tarball="$(sed -n 's/^  - src: \(.*\.tar\.gz\)$/\1/p' execution-environment.yml)"
 [[ -n $tarball && -f $tarball ]] || die "execution-environment.yml names no tarball that make build wrote (${tarball:-none})"
-ee_hash="$({ printf 'ee-base %s\n' "$EE_BASE"; sha256sum < execution-environment.yml; sha256sum < "$tarball"
+# make build writes a new tarball every time (member mtimes): hash what it holds.
+tar_content="$("$REPO/.venv/bin/python" - "$tarball" <<'PY'
+import hashlib, sys, tarfile
+digest = hashlib.sha256()
+with tarfile.open(sys.argv[1]) as tar:
+    for member in sorted(tar.getmembers(), key=lambda m: m.name):
+        digest.update(("%s %o %s\n" % (member.name, member.mode, member.type.decode())).encode())
+        if member.isfile():
+            digest.update(hashlib.sha256(tar.extractfile(member).read()).digest())
+print(digest.hexdigest())
+PY
+)" || die "could not read $tarball"
+ee_hash="$({ printf 'ee-base %s\ntarball %s\n' "$EE_BASE" "$tar_content"; sha256sum < execution-environment.yml
              "$BUILDER" --version; } | sha256sum | cut -c1-16)"
 EE="$EE_REPO:$ee_hash"
 if [[ $mode == print ]]; then printf '%s\n' "$EE"; exit 0; fi
@@ -105,12 +120,21 @@ else
     say "ansible-builder build -f execution-environment.yml (base $EE_BASE) -> $EE ..."
     if ! "$BUILDER" build -f execution-environment.yml -c "$ctx/context" -t "$EE" --container-runtime podman \
             --build-arg "EE_BASE_IMAGE=$EE_BASE" --build-arg PKGMGR=/usr/bin/apt-get \
-            --build-arg PYCMD=/opt/ee/bin/python3.11 -v 3 >"$ctx/build.log" 2>&1; then
+            --build-arg PYCMD=/opt/ee/bin/python3.11 --prune-images -v 3 >"$ctx/build.log" 2>&1; then
         tail -n 40 "$ctx/build.log" >&2
         die "ansible-builder build failed (log above)"
     fi
     rm -rf "$ctx"; trap - EXIT
     say "EE built in $((SECONDS - t0)) s"
+    in_use="$(podman ps -a --format '{{.Image}}' | sort -u)"
+    while read -r img; do
+        [[ -z "$img" || "$img" == "$EE" ]] && continue
+        if grep -qxF "$img" <<<"$in_use"; then
+            say "keeping $img (used by a container)"
+        elif podman rmi "$img" >/dev/null 2>&1; then
+            say "removed the older $img"
+        fi
+    done < <(podman images --format '{{.Repository}}:{{.Tag}}' | grep -F "$EE_REPO:" || true)
 fi
 
 say "ready: $EE in $((SECONDS - t_start)) s"
