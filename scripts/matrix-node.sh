@@ -5,10 +5,10 @@
 #
 #   scripts/matrix-node.sh SUITE        e.g. bullseye (Python 3.9), trixie (3.13)
 #
-# Builds or reuses the suite's image (scripts/build-image.sh --suite SUITE:
-# localhost/gpufleet-node-SUITE:<hash>), prints what the node runs (Python,
-# systemd), checks that python3 is one the collection supports on nodes
-# (3.9 or later), runs the node-side SGLang oracle helper once on the image's
+# Builds or reuses the suite's image (scripts/build-image.sh --suite SUITE --prune:
+# localhost/gpufleet-node-SUITE:<hash>; older tags of that suite go), prints
+# what the node runs (Python, systemd), checks that python3 is one the
+# collection supports on nodes (3.9 or later), runs the node-side SGLang oracle helper once on the image's
 # python3 (see below), then runs scripts/run-molecule.sh default with
 # GPUFLEET_NODE_IMAGE set to that image. The scenario, its inventory and its
 # verify are default's, unchanged: only the node's operating system differs.
@@ -25,7 +25,7 @@ SUITE=$1
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$REPO/molecule/containers.conf}"
 
 t0=$SECONDS
-image="$(scripts/build-image.sh --suite "$SUITE")" || die "the $SUITE image did not build"
+image="$(scripts/build-image.sh --suite "$SUITE" --prune)" || die "the $SUITE image did not build"
 say "image $image ready in $((SECONDS - t0)) s"
 
 # What the node runs: one throw-away container, no network, no systemd boot.
