@@ -8,8 +8,9 @@
 # Builds or reuses the suite's image (scripts/build-image.sh --suite SUITE --prune:
 # localhost/gpufleet-node-SUITE:<hash>; older tags of that suite go), prints
 # what the node runs (Python, systemd), checks that python3 is one the
-# collection supports on nodes (3.9 or later), runs the node-side SGLang oracle helper once on the image's
-# python3 (see below), then runs scripts/run-molecule.sh default with
+# collection supports on nodes (3.9 or later), runs the node-side SGLang
+# oracle helper once on the image's python3 (see below), then runs
+# scripts/run-molecule.sh default with
 # GPUFLEET_NODE_IMAGE set to that image. The scenario, its inventory and its
 # verify are default's, unchanged: only the node's operating system differs.
 # Exit status: run-molecule.sh's (0 when the scenario passed).
