@@ -57,7 +57,7 @@ def _check_version(name, version):
         raise AnsibleFilterError("%s: invalid version %s: %s" % (name, _describe(version), exc))
 
 
-def sglang_resolve(args, version=DEFAULT_VERSION, policy=DEFAULT_POLICY, arch=None, draft_arch=None, env=None):
+def sglang_resolve(args, version=DEFAULT_VERSION, policy=DEFAULT_POLICY, arch=None, draft_arch=None, env=None, gpu=None):
     """Resolve SGLang arguments as SGLang ``version`` would; see sglang_resolve.yml."""
     _check_args("sglang_resolve", args)
     _check_version("sglang_resolve", version)
@@ -75,9 +75,14 @@ def sglang_resolve(args, version=DEFAULT_VERSION, policy=DEFAULT_POLICY, arch=No
         raise AnsibleFilterError(
             "sglang_resolve: env must be a dict of the server's environment variables, got %s" % _describe(env)
         )
+    if gpu is not None and not isinstance(gpu, Mapping):
+        raise AnsibleFilterError(
+            "sglang_resolve: gpu must be a dict {name, compute_capability, memory_mib, count} as nvidia-smi reports "
+            "them, got %s" % _describe(gpu)
+        )
     try:
         return resolve(dict(args), version=version, arch=arch, policy=policy, draft_arch=draft_arch,
-                       env=dict(env) if env is not None else None)
+                       env=dict(env) if env is not None else None, gpu=dict(gpu) if gpu is not None else None)
     except ValueError as exc:
         raise AnsibleFilterError("sglang_resolve: %s" % exc)
 

@@ -35,13 +35,18 @@ REASONS = [
     ("choice", r"invalid choice", r"invalid choice|rejects '.*' at startup \(argparse"),
     ("unrecognized", r"unrecognized arguments", r"unrecognized arguments|not accepted after"),
     ("trtllm_topk", r"trtllm_mha backend only supports topk = 1", r"trtllm_mha backend only supports topk = 1"),
-    ("trtllm_sm100", r"trtllm_mha.*(SM100|Blackwell|sm100)|TRTLLM MHA backend is only supported on Blackwell",
-     r"trtllm_mha.*SM100"),
+    ("trtllm_sm100", r"TRTLLM MHA backend.*(Blackwell|SM100)", r"TRTLLM MHA backend.*(Blackwell|SM100)"),
+    ("trtllm_mla_sm100", r"TRTLLM MLA backend.*(Blackwell|SM100)", r"TRTLLM MLA backend.*(Blackwell|SM100)"),
+    ("unknown_algorithm", r"Unknown speculative algorithm name", r"Unknown speculative algorithm name"),
+    ("adaptive_steps", r"is not in the adaptive config candidate_steps", r"is not in the adaptive config candidate_steps"),
+    ("dflash_draft", r"DFLASH speculative decoding requires setting", r"DFLASH speculative decoding requires setting"),
     ("page_topk", r"page_size > 1|page_size\(\d+\) > 1", r"with page_size > 1|page_size\(\d+\) > 1"),
     ("page_mtp_flashinfer", r"page_size != 1 is not supported", r"page_size != 1 is not supported"),
-    ("steps_missing", r"^AssertionError: $", r"bare AssertionError"),
+    ("bare_assert", r"^AssertionError: $", r"bare AssertionError"),
+    ("dp_size_needed", r"Please set a dp-size > 1", r"Please set a dp-size > 1"),
     ("topk_missing", r"TypeError: '>' not supported between instances of 'NoneType' and 'int'", r"TypeError"),
-    ("pp_spec", r"[Pp]ipeline parallelism", r"[Pp]ipeline parallelism"),
+    ("pp_spec", r"[Pp]ipeline parallel|PP \+ speculative", r"[Pp]ipeline parallel|PP \+ speculative"),
+    ("model_unknown", r"does not recognize this architecture", r"cannot read a .* checkpoint"),
     ("standalone_dp", r"standalone speculative decoding does not support dp attention",
      r"standalone speculative decoding does not support dp attention"),
     ("ngram_dp", r"ngram speculative decoding does not support dp attention",
@@ -216,8 +221,9 @@ def main(argv):
         if show:
             for row in result["rows"]:
                 if row["diff"] is not None:
-                    print("  %s%s %s args=%s -> %s" % ("[known] " if row["known"] else "", row["case"]["id"],
-                                                       row["case"]["gpu"], json.dumps(row["case"]["args"]),
+                    print("  %s%s %s %s args=%s -> %s" % ("[known] " if row["known"] else "", row["case"]["id"],
+                                                          row["case"]["gpu"], row["case"]["model"],
+                                                          json.dumps(row["case"]["args"]),
                                                        json.dumps(row["diff"], default=str)))
     print(table(summaries))
     return 0

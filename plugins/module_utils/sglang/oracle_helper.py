@@ -21,6 +21,9 @@ Request::
     "gpu": {"name", "compute_capability", "memory_mib", "count"},
     "env": {...}  (applied to os.environ around each resolution)
 
+A batch resolves each request in a child forked after the import, so that the
+import is paid once and no request sees another one's state.
+
 Answer (for one ``argv``; a batch gets ``results``, one such dict per request)::
 
     {"ok", "sglang_version", "args": {field: JSON-safe value}, "warnings": [line],
@@ -254,6 +257,51 @@ def resolve_one(argv, env, capture):
     return answer
 
 
+def _warm_up(items, capture):
+    """Resolve a plain config once in the parent: the modules SGLang imports lazily on its first
+    resolution are then imported once, not again in every forked child."""
+    for item in items:
+        argv = list(item.get("argv") or [])
+        if "--model-path" in argv[:-1]:
+            resolve_one(["--model-path", argv[argv.index("--model-path") + 1]], None, capture)
+            return
+
+
+def _isolated(item, capture):
+    """Resolve one request of a batch in a forked child, so that no state of one resolution
+    (SGLang's caches, its runtime context, environment overrides) reaches the next one."""
+    if not hasattr(os, "fork"):
+        return resolve_one(item.get("argv") or [], item.get("env"), capture)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: resolve, write the answer, leave without cleanup handlers
+        os.close(read_fd)
+        try:
+            data = json.dumps(resolve_one(item.get("argv") or [], item.get("env"), capture), default=str).encode()
+        except BaseException as exc:  # never let the child run the parent's code after this point
+            data = json.dumps({"ok": False, "args": None, "warnings": [], "cuda_guard": list(GUARD_TRIPS),
+                               "error": {"type": type(exc).__name__, "message": str(exc)}}).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_fd, view):]
+        os.close(write_fd)
+        os._exit(0)
+    os.close(write_fd)
+    chunks = []
+    while True:
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_fd)
+    _pid, status = os.waitpid(pid, 0)
+    try:
+        return json.loads(b"".join(chunks).decode())
+    except ValueError:
+        return {"ok": False, "args": None, "warnings": [], "cuda_guard": [],
+                "error": {"type": "OracleChildDied", "message": "the resolution process ended with status %s" % status}}
+
+
 def _where(exc):
     frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):
@@ -343,8 +391,9 @@ def main():
         import_s = round(time.time() - started, 3)
         if "requests" in request:
             results = []
+            _warm_up(request["requests"], capture)
             for item in request["requests"]:
-                results.append(resolve_one(item.get("argv") or [], item.get("env"), capture))
+                results.append(_isolated(item, capture))
             answer = {"ok": True, "results": results}
         else:
             answer = resolve_one(request.get("argv") or [], None, capture)

@@ -125,6 +125,18 @@ _MULTI_LAYER_0523 = (
     ("GigaChat35ForCausalLM", "Enable multi-layer EAGLE speculative decoding for GigaChat 3.5 model."),
 )
 
+# Models whose attention SGLang runs as MLA (its own default backend, sglang-rules.md §11).
+_MLA_ARCHS = (
+    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM",
+    "KimiK25ForConditionalGeneration", "KimiVLForConditionalGeneration", "DeepseekVL2ForCausalLM",
+    "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM", "MistralLarge3ForCausalLM",
+)
+# The DeepSeek-style model override picks trtllm_mla on SM100 when no backend is set (0.5.10+).
+_TRTLLM_MLA_ON_SM100 = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration", "MistralLarge3ForCausalLM",
+                        "PixtralForConditionalGeneration")
+# Architectures whose checkpoints an older release cannot read (the first documented release that can).
+_ARCH_FIRST_RELEASE = {"KimiK25ForConditionalGeneration": _V0510}
+
 # sglang-rules.md §5: union of the built-in candidate_steps tables.
 _ADAPTIVE_DEFAULT_CANDIDATES = (0, 1, 3, 5, 7)
 
@@ -239,17 +251,21 @@ class _Resolver(object):
             self.notes.append(
                 "values inside the --config file %s are not seen by the resolver; pass them as args instead "
                 "(sglang-rules.md §12)" % self.a["config"])
-        algorithm = self.a.get("speculative_algorithm")
-        if algorithm is None or algorithm == "":
-            if self.R >= _V0523 and self.get("enable_return_aux_hidden_states", False):
-                # sglang-rules.md §1 hook 1: the algorithm names the capture convention (wheel validation_hook.py:711-716).
-                self.error(
-                    "speculative_algorithm: SGLang %s raises \"--enable-return-aux-hidden-states needs "
-                    "--speculative-algorithm EAGLE3, DFLASH or DSPARK to name the capture convention\"; set one of "
-                    "them or drop enable_return_aux_hidden_states" % self.version)
-            return self.result()
         try:
-            self.resolve_speculation()
+            self.argparse_choices()
+            self.before_speculation()
+            algorithm = self.a.get("speculative_algorithm")
+            if algorithm is None or algorithm == "":
+                if self.R >= _V0523 and self.get("enable_return_aux_hidden_states", False):
+                    # sglang-rules.md §1 hook 1: the algorithm names the capture convention.
+                    self.error(
+                        "speculative_algorithm: SGLang %s raises \"--enable-return-aux-hidden-states needs "
+                        "--speculative-algorithm EAGLE3, DFLASH or DSPARK to name the capture convention\"; set one of "
+                        "them or drop enable_return_aux_hidden_states" % self.version)
+                    raise _Stop()
+            else:
+                self.resolve_speculation()
+            self.check_server_args()
         except _Stop:
             pass
         if self.policy == "strict":
@@ -286,6 +302,191 @@ class _Resolver(object):
             self.raw[key] = value
         return types_ok
 
+    # -- before the speculative rules: parallel layout, attention backend, page size --
+    def gpu_note(self, outcome):
+        if not self.gpu["given"]:
+            note = ("%s depends on the GPU; without gpu facts an H200 (SM 9.0) is assumed (sglang-rules.md §11); "
+                    "pass gpu from nvidia-smi" % outcome)
+            if note not in self.notes:
+                self.notes.append(note)
+
+    def sm(self, *majors):
+        return self.gpu["major"] in majors
+
+    def is_mla(self):
+        return self.arch in _MLA_ARCHS
+
+    def before_speculation(self):
+        R = self.R
+        if R >= _V0523:
+            self.dp_attention_layout()
+        if R <= _V051 and self.arch in _ARCH_FIRST_RELEASE and R < _ARCH_FIRST_RELEASE[self.arch]:
+            # 0.5.1 reads the model config in every start; 0.4.x only for the EAGLE family
+            alg = str(self.a.get("speculative_algorithm") or "").upper()
+            if R == _V051 or alg in ("EAGLE", "EAGLE3", "NEXTN"):
+                self.stop(
+                    "model_path: SGLang %s cannot read a %s checkpoint (transformers raises \"The checkpoint you are "
+                    "trying to load has model type ... but Transformers does not recognize this architecture\"); this "
+                    "architecture needs SGLang %s or newer" % (self.version, self.arch,
+                                                              DOCUMENTED_VERSIONS[_ARCH_FIRST_RELEASE[self.arch]]))
+        self.attention_dp_checks()
+        if R >= _V0510:
+            self.default_attention_backend()
+        self.backend_page_size()
+        if R >= _V0510 and self.a.get("page_size") is None:
+            pass  # stays unset in the args: SGLang's default 1
+        if self.get("pp_size", 1) > 1 and not self.get("disable_overlap_schedule", False):
+            self.set("disable_overlap_schedule", True, "parallel.pp_overlap_off",
+                     log="Pipeline parallelism is incompatible with overlap schedule.")
+
+    def argparse_choices(self):
+        """Before 0.5.23 --speculative-algorithm is an argparse choice list: argparse refuses first."""
+        raw = self.a.get("speculative_algorithm")
+        if raw is not None and self.R < _V0523 and str(raw) not in _ALGORITHM_CHOICES[self.R]:
+            self.normalize_algorithm(str(raw))
+
+    def dp_attention_layout(self):
+        """0.5.23: the deprecated --enable-dp-attention --dp-size N becomes attn_dp_size N, dp_size 1 (§8)."""
+        if not self.get("enable_dp_attention", False):
+            return
+        if self.get("attn_dp_size", 1) == 1:
+            self.set("attn_dp_size", self.get("dp_size", 1), "parallel.dp_attention_to_attn_dp")
+            self.set("dp_size", 1, "parallel.dp_attention_to_attn_dp")
+        # /server_info reports enable_dp_attention as attn_dp_size > 1
+        self.set("enable_dp_attention", self.get("attn_dp_size", 1) > 1, "parallel.dp_attention_to_attn_dp")
+        if self.get("attn_dp_size", 1) <= 1:
+            self.notes.append(
+                "enable_dp_attention without dp_size > 1 does not turn attention-DP on in SGLang %s: the deprecated "
+                "flag becomes attn_dp_size = dp_size (sglang-rules.md §8); set attn_dp_size for attention-DP"
+                % self.version)
+
+    def attention_dp_checks(self):
+        """Attention-DP needs tp_size divisible by the DP width (and, before 0.5.10, dp_size > 1) (§8)."""
+        if self.R >= _V0523:
+            width, enabled = self.get("attn_dp_size", 1), self.get("attn_dp_size", 1) > 1
+        else:
+            width, enabled = self.get("dp_size", 1), bool(self.get("enable_dp_attention", False))
+        if not enabled:
+            return
+        if self.R <= _V051 and width <= 1:
+            self.stop("dp_size: SGLang %s asserts \"Please set a dp-size > 1. You can use 1 < dp-size <= tp-size\" "
+                      "with enable_dp_attention (sglang-rules.md §8); set dp_size to 2 or more" % self.version)
+        if self.get("tp_size", 1) % width:
+            self.stop("tp_size: %s is not a multiple of the attention-DP width %s; SGLang %s fails at startup with a bare "
+                      "AssertionError (tp_size %% dp_size == 0, sglang-rules.md §8); use a dp_size that divides tp_size"
+                      % (self.get("tp_size", 1), width, self.version))
+
+    def default_attention_backend(self):
+        """0.5.10 and 0.5.23: the backend SGLang picks when attention_backend is unset (§11)."""
+        prefill, decode = self.a.get("prefill_attention_backend"), self.a.get("decode_attention_backend")
+        if prefill is not None and prefill == decode:
+            self.set("attention_backend", prefill, "attention.default_backend")
+            return
+        if self.a.get("attention_backend") is not None:
+            return
+        if self.device() == "cpu":
+            self.set("attention_backend", "torch_native", "attention.default_backend")
+            return
+        if self.arch in _TRTLLM_MLA_ON_SM100 and prefill is None and decode is None:
+            # the DeepSeek-style model override runs before the generic default (§11)
+            self.gpu_note("the default attention_backend of %s" % self.arch)
+            if self.sm(10):
+                self.set("attention_backend", "trtllm_mla", "attention.default_backend",
+                         log="Use trtllm_mla as attention backend on sm100 for DeepseekV3ForCausalLM")
+                return
+        if self.arch is None:
+            self.notes.append("arch not given: SGLang's default attention backend differs for MLA models such as "
+                              "DeepseekV3ForCausalLM; an MHA model is assumed (sglang-rules.md §11)")
+        topk = self.a.get("speculative_eagle_topk")
+        page = self.a.get("page_size")
+        alg = self.a.get("speculative_algorithm")
+        no_spec_or_topk1 = topk is None or (topk == 1 and page in (None, 1))
+        if self.is_mla():
+            backend = "fa3" if self.sm(9) else "flashinfer" if self.sm(10) else "triton"
+        elif self.sm(9) and no_spec_or_topk1:
+            backend = "fa3"
+        elif self.sm(10) and no_spec_or_topk1 and (
+                alg is None or topk is not None or (self.R >= _V0523 and str(alg).upper() == "DFLASH")):
+            backend = "trtllm_mha"
+        else:
+            backend = "flashinfer"
+        self.gpu_note("the default attention_backend (%s here)" % backend)
+        self.set("attention_backend", backend, "attention.default_backend",
+                 log="Attention backend not specified. Use %s backend by default." % backend)
+
+    def backend_page_size(self):
+        """Backends that need a page size force it; trtllm_mha needs the right GPU (§11)."""
+        R = self.R
+        attention, prefill, decode = self.backends()
+        page = self.a.get("page_size")
+        forced = None
+        if attention == "flashmla" or (R >= _V0410 and decode == "flashmla"):
+            forced = (64, "FlashMLA only supports a page_size of 64, change page_size to 64.")
+        if attention == "cutlass_mla" or (R >= _V0410 and decode == "cutlass_mla"):
+            if R < _V0523:
+                forced = (128, "Cutlass MLA only supports a page_size of 128, change page_size to 128.")
+        if attention == "trtllm_mla" or (R >= _V051 and decode == "trtllm_mla"):
+            self.gpu_note("whether trtllm_mla is allowed")
+            if R >= _V0410 and R <= _V0510 and not self.sm(10, 12):
+                self.stop("attention_backend: SGLang %s raises \"TRTLLM MLA backend is only supported on Blackwell GPUs "
+                          "(SM100). Please use a different backend.\" on this %s (SM %d.%d) (sglang-rules.md §11)"
+                          % (self.version, self.gpu["name"], self.gpu["major"], self.gpu["minor"]))
+            if R == _V0410 and self.a.get("speculative_algorithm") is not None:
+                self.stop("attention_backend: SGLang %s raises \"trtllm_mla backend does not support speculative "
+                          "decoding yet.\" (sglang-rules.md §11); use another attention_backend" % self.version)
+            current = forced[0] if forced else page
+            if R >= _V0410 and current not in (32, 64):
+                forced = (64, "TensorRT-LLM MLA only supports page_size of 32 or 64, changing page_size from %s to 64."
+                          % current)
+        if "trtllm_mha" in (attention, prefill, decode) and R >= _V051:
+            self.gpu_note("whether trtllm_mha is allowed")
+            if R == _V051 and not self.sm(10):
+                self.stop("attention_backend: SGLang %s raises \"TRTLLM MHA backend is only supported on Blackwell GPUs "
+                          "(SM100). Please use a different backend.\" on this %s (SM %d.%d) (sglang-rules.md §11); use "
+                          "fa3 or flashinfer" % (self.version, self.gpu["name"], self.gpu["major"], self.gpu["minor"]))
+            if R == _V0510 and prefill == "trtllm_mha" and not self.sm(10):
+                self.stop("attention_backend: SGLang %s raises \"TRTLLM MHA backend for prefill is only supported on "
+                          "Blackwell GPUs (SM100). Please use a different prefill backend.\" on this %s (SM %d.%d) "
+                          "(sglang-rules.md §11); use fa3 or flashinfer, or trtllm_mha for decode only"
+                          % (self.version, self.gpu["name"], self.gpu["major"], self.gpu["minor"]))
+            allowed = (16, 32, 64, 128) if R >= _V0523 else (16, 32, 64)
+            current = forced[0] if forced else page
+            if current not in allowed:
+                forced = (64, "TensorRT-LLM MHA only supports page_size of %s, changing page_size from %s to 64."
+                          % ("16, 32, 64 or 128" if R >= _V0523 else "16, 32 or 64", current))
+        if forced and not same(page, forced[0]):
+            self.set("page_size", forced[0], "attention.page_size_forced", log=forced[1])
+
+    def check_server_args(self):
+        """The final validation (check_server_args): pipeline parallelism with speculation (§8)."""
+        if self.get("pp_size", 1) <= 1:
+            return
+        alg = self.a.get("speculative_algorithm")
+        if self.R < _V0523:
+            if alg is not None or self.get("enable_mixed_chunk", False):
+                self.stop(
+                    "pp_size: SGLang %s asserts \"Pipeline parallelism is not compatible with overlap schedule, "
+                    "speculative decoding, mixed chunked prefill.\" (sglang-rules.md §8); set pp_size: 1 or drop "
+                    "speculative_algorithm%s" % (self.version, " and enable_mixed_chunk" if self.get("enable_mixed_chunk") else ""))
+            return
+        if alg is None or self.get("enable_return_aux_hidden_states", False):
+            return
+        alg = str(alg).upper()
+        prefill = self.a.get("disaggregation_mode") == "prefill"
+        if alg == "DSPARK":
+            if not prefill:
+                self.stop("pp_size: SGLang %s asserts \"Pipeline parallel DSPARK requires disaggregation-mode=prefill\" "
+                          "(sglang-rules.md §8); set pp_size: 1 or disaggregation_mode: prefill" % self.version)
+            return
+        if alg != "EAGLE" or self.get("enable_multi_layer_eagle", False):
+            self.stop("pp_size: SGLang %s asserts \"Pipeline parallelism currently only supports EAGLE (non-multi-layer) "
+                      "speculative decoding\" (sglang-rules.md §8); set pp_size: 1 or use single-layer EAGLE"
+                      % self.version)
+        if not prefill and not _truthy_env((self.env or {}).get("SGLANG_ENABLE_PP_SPEC", "")):
+            self.stop("pp_size: SGLang %s asserts \"PP + speculative decoding (MTP) is only supported on prefill nodes "
+                      "(disaggregation-mode=prefill)\" (sglang-rules.md §8); set pp_size: 1 or disaggregation_mode: "
+                      "prefill" % self.version)
+
     # -- speculation -----------------------------------------------------------
     def resolve_speculation(self):
         raw_alg = str(self.a["speculative_algorithm"])
@@ -305,11 +506,6 @@ class _Resolver(object):
                 "Attention backend\", sglang-rules.md §8); use another attention_backend or drop "
                 "speculative_algorithm" % self.version)
 
-        if R >= _V0523 and self.get("enable_dp_attention", False) and not self.attn_dp():
-            self.notes.append(
-                "enable_dp_attention without dp_size > 1 does not turn attention-DP on in SGLang %s: the deprecated "
-                "flag becomes attn_dp_size = dp_size (sglang-rules.md §8); set dp_size or attn_dp_size for attention-DP"
-                % self.version)
 
         alg = self.normalize_algorithm(raw_alg)
 
@@ -558,8 +754,8 @@ class _Resolver(object):
             steps = self.a.get("speculative_num_steps")
             topk = self.a.get("speculative_eagle_topk")
 
-        if topk is None and not adaptive:
-            # §3 pitfall, §10 item 2.
+        if topk is None and not adaptive and self.topk_none_raises():
+            # §3 pitfall, §10 item 2: the first `topk > 1` comparison SGLang reaches raises.
             self.stop(
                 "speculative_eagle_topk: not set while speculative_num_steps is; %s compares None > 1 and dies with a "
                 "TypeError (sglang-rules.md §3 pitfall); set speculative_eagle_topk and speculative_num_draft_tokens too, "
@@ -593,6 +789,16 @@ class _Resolver(object):
             self.notes.append(
                 "speculative_num_draft_tokens is unset with speculative_eagle_topk %s; SGLang does not fill it "
                 "(sglang-rules.md §3); set it explicitly" % topk)
+
+    def topk_none_raises(self):
+        """Whether SGLang reaches a `speculative_eagle_topk > 1` comparison with topk None (§9 "Unset topk")."""
+        if self.R >= _V0510:
+            return True  # the page-size check at the end compares topk first
+        if self.R >= _V051:
+            return "trtllm_mha" in self.backends()  # only the trtllm_mha check compares it
+        if self.R == _V046:
+            return self.page_size() > 1  # `page_size > 1 and topk > 1`: page first
+        return False
 
     def honor_draft_tokens(self, adaptive):
         """Policy honor_draft_tokens: steps := draft tokens - 1 when topk is 1 (sglang-rules.md §3 step 13)."""
@@ -661,14 +867,14 @@ class _Resolver(object):
             self.set("speculative_draft_model_path", self.a.get("model_path"), "eagle.mtp_draft_path")
             if self.R >= _V0510:
                 revision = self.a.get("revision")
-                if revision is None:
-                    # Rendering the draft path makes the server apply §2 (revision main); see module docstring.
-                    self.set("speculative_draft_model_revision", "main", "spec.draft_revision_main")
-                    self.notes.append(
-                        "the MTP draft path is rendered explicitly, so SGLang gives it revision 'main' (sglang-rules.md §2); "
-                        "started without it, SGLang would report speculative_draft_model_revision None")
-                else:
+                # the draft revision becomes the model's revision; None when that is unset (§3 step 7)
+                if revision is not None:
                     self.set("speculative_draft_model_revision", revision, "eagle.mtp_draft_path")
+                else:
+                    self.notes.append(
+                        "the MTP draft path SGLang fills in has no revision (the model's revision is unset); rendered "
+                        "explicitly, a draft path without a revision gets 'main' (sglang-rules.md §2), so set revision "
+                        "to pin both")
         elif self.arch not in _MTP_NO_WARNING:
             self.set("speculative_draft_model_path", self.a["speculative_draft_model_path"],
                      "eagle.mtp_draft_path_warning", log=MSG_MTP_DRAFT_PATH)
@@ -955,11 +1161,6 @@ class _Resolver(object):
             self.error("enable_lora: SGLang %s raises \"LoRA is only compatible with NGRAM, EAGLE, NEXTN, EAGLE3, DFLASH, "
                        "or DSPARK speculative decoding, not %s.\" (sglang-rules.md §8); drop LoRA or change the algorithm"
                        % (self.version, alg))
-        if self.get("pp_size", 1) > 1 and alg != "DSPARK":
-            if alg != "EAGLE" or self.get("enable_multi_layer_eagle", False):
-                self.error("pp_size: SGLang %s asserts \"Pipeline parallelism currently only supports EAGLE "
-                           "(non-multi-layer) speculative decoding\" (sglang-rules.md §8); set pp_size: 1 or use "
-                           "single-layer EAGLE" % self.version)
 
     # -- strict policy -----------------------------------------------------------
     def strict_check(self):

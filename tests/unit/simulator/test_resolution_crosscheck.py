@@ -45,7 +45,7 @@ def _cases():
     out = []
     for case in CASES:
         version = ".".join(case["version"].split(".")[:3])
-        if version not in SIM_VERSIONS or case.get("env") or case.get("draft_arch"):
+        if version not in SIM_VERSIONS or case.get("env") or case.get("draft_arch") or case.get("gpu"):
             continue
         mirror = engine.resolve(case["args"], case["version"], arch=case.get("arch"), policy="mirror")
         if mirror["errors"]:

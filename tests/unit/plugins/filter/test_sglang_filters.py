@@ -47,12 +47,12 @@ def test_filters_registered():
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_resolve_filter_matches_engine(case):
     kwargs = {"version": case["version"], "policy": case["policy"], "arch": case["arch"]}
-    for optional in ("draft_arch", "env"):
+    for optional in ("draft_arch", "env", "gpu"):
         if case.get(optional):
             kwargs[optional] = case[optional]
     got = FILTERS["sglang_resolve"](case["args"], **kwargs)
     want = sa.resolve(case["args"], case["version"], arch=case["arch"], policy=case["policy"],
-                      draft_arch=case.get("draft_arch"), env=case.get("env"))
+                      draft_arch=case.get("draft_arch"), env=case.get("env"), gpu=case.get("gpu"))
     assert got == want
 
 

@@ -21,13 +21,15 @@ from sglang_cases import CASES, INCIDENT, LOG_TOPK1  # noqa: E402 - after tests/
 
 PACKAGE_DIR = pathlib.Path(engine.__file__).parent
 REPO_COLLECTIONS = pathlib.Path(__file__).resolve().parents[4] / ".collections"
+H200 = {"name": "NVIDIA H200", "compute_capability": "9.0", "memory_mib": 143771, "count": 8}
+B200 = {"name": "NVIDIA B200", "compute_capability": "10.0", "memory_mib": 183359, "count": 8}
 WHEEL_FLAGS = json.loads((PLUGINS_TESTS / "data" / "sglang_wheel_flags.json").read_text())["flags"]
 
 
 def run_case(case, policy=None):
     return engine.resolve(
         case["args"], case["version"], arch=case["arch"], policy=policy or case["policy"],
-        draft_arch=case.get("draft_arch"), env=case.get("env"),
+        draft_arch=case.get("draft_arch"), env=case.get("env"), gpu=case.get("gpu"),
     )
 
 
@@ -83,7 +85,7 @@ def test_case_fixed_point(case):
     """Rendering the effective args makes the server run exactly them (mirror changes nothing)."""
     first = run_case(case)
     second = engine.resolve(first["args"], case["version"], arch=case["arch"], policy="mirror",
-                        draft_arch=case.get("draft_arch"), env=case.get("env"))
+                            draft_arch=case.get("draft_arch"), env=case.get("env"), gpu=case.get("gpu"))
     assert changing(second) == []
     assert second["args"] == first["args"]
     if not first["errors"]:
@@ -127,7 +129,8 @@ def test_honor_not_applied_for_small_draft_or_topk_gt_1():
     args = dict(INCIDENT, speculative_eagle_topk=4, speculative_num_steps=5, speculative_num_draft_tokens=8)
     result = engine.resolve(args, "0.5.23")
     assert result["args"]["speculative_num_steps"] == 5
-    assert {a["rule"] for a in changing(result)} == {"spec.draft_revision_main", "spec.max_running_requests"}
+    assert {a["rule"] for a in changing(result)} == {"spec.draft_revision_main", "spec.max_running_requests",
+                                                     "attention.default_backend"}
 
 
 def test_strict_reports_every_explicit_change():
@@ -189,7 +192,10 @@ def test_unparseable_versions(version):
 
 
 def test_version_notes():
-    assert engine.resolve(INCIDENT, "0.5.23")["notes"] == []
+    assert engine.resolve(INCIDENT, "0.5.23", arch="LlamaForCausalLM", gpu=H200)["notes"] == []
+    # without gpu facts, the outcome that depends on the GPU is named
+    notes = engine.resolve(INCIDENT, "0.5.23", arch="LlamaForCausalLM")["notes"]
+    assert len(notes) == 1 and "depends on the GPU" in notes[0] and "default attention_backend" in notes[0]
     assert engine.resolve(INCIDENT, "0.4.6.post5", arch="LlamaForCausalLM")["notes"] == []
     assert "nearest documented" in engine.resolve(INCIDENT, "0.5.5")["notes"][0]
     assert "newer than 0.5.23" in engine.resolve(INCIDENT, "0.7.1")["notes"][0]
@@ -254,9 +260,14 @@ def test_bad_types(field, value, fragment):
 
 def test_no_speculation_changes_nothing():
     args = {"model_path": "/m", "speculative_algorithm": "", "max_running_requests": None, "config": "/etc/x.yaml"}
-    result = engine.resolve(args, "0.5.23", policy="strict")
-    assert result["args"] == args and result["adjustments"] == [] and result["errors"] == []
+    result = engine.resolve(args, "0.5.23", policy="strict", arch="LlamaForCausalLM", gpu=H200)
+    # only the attention backend SGLang picks for this GPU is added
+    assert result["args"] == dict(args, attention_backend="fa3") and result["errors"] == []
+    assert [a["rule"] for a in result["adjustments"]] == ["attention.default_backend"]
     assert "--config" in result["notes"][0]
+    plain = {"model_path": "/m", "max_running_requests": None}
+    result = engine.resolve(plain, "0.5.1", policy="strict")
+    assert result["args"] == plain and result["adjustments"] == [] and result["errors"] == []
 
 
 def test_input_is_not_mutated():
@@ -334,13 +345,19 @@ def test_multi_layer_eagle_disables_adaptive_and_pp():
     assert "enable_multi_layer_eagle=True is not supported" in disabled[0]["log"]
     msg = errors_of(spec_args(pp_size=2, **STATIC), arch="MiMoV2ForCausalLM")
     assert "Pipeline parallelism currently only supports EAGLE" in msg
-    assert errors_of(spec_args(pp_size=2, **STATIC), arch="LlamaForCausalLM") == ""
+    # pipeline parallelism with EAGLE: only on a PD prefill node
+    assert "only supported on prefill nodes" in errors_of(spec_args(pp_size=2, **STATIC), arch="LlamaForCausalLM")
+    assert errors_of(spec_args(pp_size=2, disaggregation_mode="prefill", **STATIC), arch="LlamaForCausalLM") == ""
     assert "Pipeline parallelism" in errors_of(spec_args(speculative_algorithm="EAGLE3", pp_size=2, **STATIC))
+    # before 0.5.23 any speculation is refused with pp_size > 1
+    old = dict(spec_args(pp_size=2, **STATIC))
+    del old["speculative_draft_model_revision"]
+    assert "not compatible with overlap schedule, speculative decoding" in errors_of(old, "0.5.1")
 
 
 @pytest.mark.parametrize("extra, reason", [
-    ({"enable_dp_attention": True, "dp_size": 2}, "attention DP is not supported"),
-    ({"attn_dp_size": 2}, "attention DP is not supported"),
+    ({"enable_dp_attention": True, "dp_size": 2, "tp_size": 2}, "attention DP is not supported"),
+    ({"attn_dp_size": 2, "tp_size": 2}, "attention DP is not supported"),
     ({"enable_two_batch_overlap": True}, "enable_two_batch_overlap=True"),
     ({"enable_pdmux": True}, "enable_pdmux=True"),
 ])
@@ -377,9 +394,13 @@ def test_adaptive_config_file(tmp_path):
 
 
 def test_page_size_unset_backend_and_0_4_6_topk():
-    msg = errors_of(spec_args(page_size=16, speculative_num_steps=5, speculative_eagle_topk=4,
-                              speculative_num_draft_tokens=8))
-    assert msg.startswith("attention_backend: not set")
+    # attention_backend unset: SGLang picks flashinfer for topk > 1 on an H200, which allows paged trees
+    tree = spec_args(page_size=16, speculative_num_steps=5, speculative_eagle_topk=4, speculative_num_draft_tokens=8)
+    result = engine.resolve(tree, "0.5.23", gpu=H200, arch="LlamaForCausalLM")
+    assert result["errors"] == [] and result["args"]["attention_backend"] == "flashinfer"
+    # trtllm_mha (the SM100 default with topk 1) forces page_size 64 and allows no tree
+    msg = errors_of(dict(tree, attention_backend="trtllm_mha"))
+    assert "trtllm_mha backend only supports topk = 1" in msg
     assert errors_of(spec_args(page_size=16, attention_backend="fa3", speculative_num_steps=5,
                                speculative_eagle_topk=4, speculative_num_draft_tokens=8), "0.5.10") == ""
     old = spec_args(page_size=16, attention_backend="triton", speculative_num_steps=5, speculative_eagle_topk=4,
@@ -400,8 +421,12 @@ def test_mtp_draft_path_variants():
     result = engine.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.5.23",
                         arch="DeepseekV3ForCausalLM")
     assert result["args"]["speculative_draft_model_path"] == "/m"
-    assert result["args"]["speculative_draft_model_revision"] == "main"
-    assert any("revision 'main'" in n for n in result["notes"])
+    # the draft takes the model's revision, unset here: SGLang reports None
+    assert result["args"].get("speculative_draft_model_revision") is None
+    assert any("has no revision" in n for n in result["notes"])
+    result = engine.resolve({"model_path": "/m", "revision": "r1", "speculative_algorithm": "EAGLE", **STATIC},
+                            "0.5.23", arch="DeepseekV3ForCausalLM")
+    assert result["args"]["speculative_draft_model_revision"] == "r1"
     # no model_path: not modelled
     result = engine.resolve({"speculative_algorithm": "EAGLE", **STATIC}, "0.5.23", arch="DeepseekV3ForCausalLM")
     assert "speculative_draft_model_path" not in result["args"]
@@ -436,7 +461,7 @@ def test_iquest():
 def test_dflash_rules():
     base = {"model_path": "/m", "speculative_algorithm": "DFLASH", "speculative_draft_model_path": "/d"}
     assert "on device 'cpu'" in errors_of(dict(base, device="cpu"))
-    assert "--enable-dp-lm-head" in errors_of(dict(base, attn_dp_size=2))
+    assert "--enable-dp-lm-head" in errors_of(dict(base, attn_dp_size=2, tp_size=2))
     assert "pp_size == 1" in errors_of(dict(base, pp_size=2))
     assert "to be positive" in errors_of(dict(base, speculative_dflash_block_size=0))
     assert "must match" in errors_of(dict(base, speculative_dflash_block_size=8, speculative_num_draft_tokens=16))
@@ -474,7 +499,8 @@ def test_uno_rules():
     tree = engine.resolve(dict(base, speculative_eagle_topk=2, speculative_num_steps=3), "0.5.23")
     assert tree["errors"] == [] and any("tree-capacity" in n for n in tree["notes"])
     assert "TP=PP=1" in errors_of(dict(base, tp_size=2))
-    assert "DP attention" in errors_of(dict(base, attn_dp_size=2))
+    # attention-DP needs tp_size divisible by its width, and UNO needs TP 1: the assert comes first
+    assert "bare AssertionError" in errors_of(dict(base, attn_dp_size=2))
     assert "Multi-LoRA" in errors_of(dict(base, enable_lora=True))
     assert "FA3 for both" in errors_of(dict(base, decode_attention_backend="triton"))
     result = engine.resolve(dict(base, attention_backend=None, enable_mixed_chunk=True, speculative_eagle_topk=1), "0.5.23")
