@@ -26,8 +26,17 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
 from ansible_collections.gpufleet.sglang.plugins.module_utils import validate
+from ansible_collections.gpufleet.sglang.plugins.module_utils import weights as weights_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import ports as ports_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolution as resolution_mod
+
+
+WEIGHTS = "weights"
+
+
+def replace_fields():
+    """Args an in-place weight update changes (the rest must be equal): the model path and what follows it."""
+    return ("model_path", "tokenizer_path", "served_model_name", "speculative_draft_model_path", "weight_version")
 
 
 def _name(lookup, ident):
@@ -216,15 +225,72 @@ class Preflight(object):
         if cur["pid"]:
             running = {"pid": cur["pid"], "fingerprint": cur.get("fingerprint"), "source": cur.get("source"),
                        "healthy": launcher.healthy_now()}
-        if running and running["healthy"] or adopt_from_port:
-            adapters = self.runtime_adapters(launcher)
         elif adopt_from_port:
             running = {"pid": adopt_from_port[0], "fingerprint": None, "source": "adopted (port owner)", "healthy": None}
-        teardown = sorted(set([h["pid"] for h in holders if h["class"] in ("managed", "adopted", "orphan")
-                               or (h["class"] == "foreign" and p["allow_foreign"])] + managed_pids + adopt_from_port))
-        ports = self.check_ports(launcher, table, teardown)
+        if (running and running["healthy"]) or adopt_from_port:
+            adapters = self.runtime_adapters(launcher)
+        # The drain signals the roots it is given (SGLang stops its own schedulers on SIGTERM); every holder that
+        # belongs to the plan is expected, any other one makes the drain refuse to signal anything.
+        wanted = [h for h in holders if h["class"] in ("managed", "adopted", "orphan")
+                  or (h["class"] == "foreign" and p["allow_foreign"])]
+        roots = set(managed_pids + adopt_from_port + [x for x in (p["adopt_pids"] or []) if x in table])
+        for h in wanted:
+            if h["class"] == "orphan":
+                roots.add(h["pid"])
+            elif h["class"] == "foreign":
+                roots.add(h.get("root") or h["pid"])
+            elif not managed_pids and not adopt_from_port:
+                roots.add(h["pid"])
+        expected = sorted(roots | set(h["pid"] for h in wanted))
+        teardown = sorted(roots)
+        ports = self.check_ports(launcher, table, expected)
         return {"current": cur, "running": running, "port_owner": port_owner, "holders": holders, "teardown_pids": teardown,
-                "ports": ports, "lora_adapters": adapters}
+                "expected_pids": expected, "ports": ports, "lora_adapters": adapters}
+
+    def running_record(self, fingerprint):
+        """The launch record (candidate or known-good) of the config with ``fingerprint``, or None."""
+        for directory in (launch_mod.candidate_dir(self.p["config_dir"]), launch_mod.known_good_dir(self.p["config_dir"])):
+            try:
+                record = launch_mod.read_json(os.path.join(directory, "server.json"))
+            except launch_mod.LaunchError:
+                record = None
+            if record and record.get("fingerprint") == fingerprint:
+                return record
+        return None
+
+    def choose_mode(self, decision, found, launcher):
+        """Restart, or swap only the weights in place (sglang_redeploy_mode auto|restart|weights)."""
+        mode = self.p["redeploy_mode"]
+        running = found.get("running") or {}
+        if decision["action"] != redeploy.RESTART or mode == "restart":
+            if mode == "weights" and decision["action"] != redeploy.NONE:
+                self.problem("sglang_redeploy_mode: weights was asked for, but the plan is %s (%s); an in-place weight "
+                             "update needs a healthy managed server that runs another checkpoint of the same config"
+                             % (decision["action"], decision["why"]))
+            return decision, None
+        record = self.running_record(running.get("fingerprint")) if running.get("fingerprint") else None
+        if record is None:
+            wplan = {"mode": "restart", "why": "the running server's launch record is not known (it was not started by "
+                                               "this collection), so only a restart is safe", "reasons": [], "differences": []}
+        elif running.get("healthy") is not True:
+            wplan = {"mode": "restart", "why": "the running server does not answer its health check", "reasons": [],
+                     "differences": []}
+        else:
+            wplan = weights_mod.weights_plan(record.get("args") or {}, launcher.args, version=self.p["version"])
+            wplan["previous_model_path"] = (record.get("args") or {}).get("model_path")
+            # Anything but the checkpoint (the environment, the interpreter, the version, a secret) needs a restart.
+            state = (found.get("current") or {}).get("record") or {}
+            others = [d["field"] for d in redeploy.differences(state.get("identity"), launcher.identity)
+                      if d["field"] not in ("args.%s" % f for f in replace_fields())] if state.get("identity") else ["unknown"]
+            if wplan["mode"] == "weights" and others:
+                wplan = dict(wplan, mode="restart", why="more than the checkpoint changes (%s)" % ", ".join(others),
+                             reasons=list(wplan.get("reasons") or []) + ["changes beyond the checkpoint: %s" % ", ".join(others)])
+        if mode == "weights" and wplan["mode"] != "weights":
+            self.problem("sglang_redeploy_mode: weights was asked for, but an in-place update cannot reach the intended "
+                         "config: %s" % ("; ".join(wplan.get("reasons") or []) or wplan["why"]))
+        if wplan["mode"] == "weights":
+            decision = dict(decision, action=WEIGHTS, why="only the weights change: %s" % wplan["why"])
+        return decision, wplan
 
     def runtime_adapters(self, launcher):
         """LoRA adapters the running server loaded at runtime (``/load_lora_adapter``): they vanish on a restart, so the
@@ -374,7 +440,9 @@ class Preflight(object):
         entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
         kg = self.known_good(manager)
         decision = redeploy.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+        decision, weights_plan = self.choose_mode(decision, found, launcher)
         lease_info = self.lease_state()
+        self.weights_plan = weights_plan
         if not self.problems and not self.check_mode and self.wants_lease(decision["action"]):
             lease_info = self.take_lease(lease_info)
             try:
@@ -389,7 +457,14 @@ class Preflight(object):
         if found["running"] and record.get("fingerprint") == found["running"].get("fingerprint"):
             running_identity = record.get("identity")
         budget = self.startup_budget()
+        weights_plan = self.weights_plan
+        running_fp = (found["running"] or {}).get("fingerprint")
+        running_record = self.running_record(running_fp) if running_fp else None
         plan = {
+            "mode": "weights" if decision["action"] == WEIGHTS else ("restart" if decision["action"] in ("start", "restart") else None),
+            "weights": weights_plan,
+            # The args the running server was launched with (its record; secrets are never in records).
+            "running_args": (running_record or {}).get("args"),
             "health_timeout": budget["seconds"], "startup": budget,
             "lora_adapters": found.get("lora_adapters") or [],
             "action": decision["action"], "why": decision["why"], "recovering": decision["recovering"],
@@ -397,7 +472,7 @@ class Preflight(object):
             "url": launcher.url, "argv": launcher.masked(launcher.argv), "fingerprint": launcher.fp,
             "differences": redeploy.differences(running_identity, launcher.identity) if running_identity else [],
             "running": found["running"], "port_owner": found["port_owner"], "holders": found["holders"],
-            "teardown_pids": found["teardown_pids"], "ports": [i["port"] for i in found["ports"]], "port_checks": found["ports"],
+            "teardown_pids": found["teardown_pids"], "expected_pids": found["expected_pids"], "ports": [i["port"] for i in found["ports"]], "port_checks": found["ports"],
             "rollback_ready": kg.get("ready", False), "known_good": kg,
             "journal": {"entry": dict((k, v) for k, v in entry.items() if k != "history"), "summary": journal_mod.describe(entry)},
             "unit": launcher.unit,
@@ -422,6 +497,7 @@ class Preflight(object):
             entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
             kg = self.known_good(manager)
             decision = redeploy.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+            decision, self.weights_plan = self.choose_mode(decision, found, launcher)
         if lease_info.get("acquired") and decision["action"] != redeploy.NONE:
             running = found["running"] or {}
             journal_mod.record(journal_mod.path_for(p["state_dir"]), self.run_id, journal_mod.PLANNED,

@@ -30,8 +30,11 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils import weights
 
-PHASES = ("all", "teardown", "launch", "verify")
+PHASES = ("all", "teardown", "launch", "verify", "weights")
+# Fields that an in-place weight update changes while /server_info keeps the launch values (docs/reference/sglang-rules.md).
+WEIGHT_FIELDS = ("model_path", "tokenizer_path", "served_model_name", "speculative_draft_model_path")
 TARGETS = ("candidate", "known_good")
 
 
@@ -206,6 +209,111 @@ class Replace(object):
         self.result["timings"]["%s_healthy_s" % label] = round(time.monotonic() - t0, 3)
         return launcher
 
+    def update_weights(self):
+        """Swap the weights of the running server in place (``/update_weights_from_disk``), verify them
+        (``/model_info``, ``/weights_checker``), check the config, and record the server as running the
+        intended config; no teardown, no restart. ``target=known_good`` updates back to the known-good record.
+        A failed update that leaves the old weights serving changes nothing; one that does not is rolled back to
+        the previous checkpoint, and, when that fails too, the server is restarted with the known-good config."""
+        p = self.p
+        wp = dict(p["weights"] or {})
+        params = self.launch_params(p["target"])
+        if params is None:
+            raise launch_mod.LaunchError("there is no known-good config to update back to")
+        launcher = launch_mod.Launcher(self.module, params)
+        blockers = launcher.plan()
+        self.secrets.extend(launcher.secrets)
+        if blockers:
+            raise launch_mod.LaunchError("the %s config cannot be applied: %s" % (p["target"], "; ".join(blockers)))
+        cur = launcher.current()
+        if not cur["pid"]:
+            raise launch_mod.LaunchError("no managed server runs, so its weights cannot be updated in place; redeploy with "
+                                         "sglang_redeploy_mode: restart")
+        self.candidate_pid = cur["pid"]
+        new_path = launcher.args.get("model_path")
+        self.part = "weights"
+        self.mark(journal_mod.LAUNCHING if p["target"] == "candidate" else journal_mod.ROLLING_BACK,
+                  detail="updating the weights of PID %s in place to %s" % (cur["pid"], new_path),
+                  candidate={"pid": cur["pid"], "starttime": cur["start"], "fingerprint": launcher.fp, "mode": "weights"})
+        self.result["torn_down"] = False
+        t0 = time.monotonic()
+        if wp.get("issue", True):
+            version = wp.get("weight_version") or self.run_id
+            try:
+                if p["target"] == "candidate":
+                    done = weights.update_in_place(launcher.url, launcher.api_key, new_path, weight_version=version,
+                                                   abort_all_requests=wp.get("abort_all_requests", True),
+                                                   flush_cache=wp.get("flush_cache", True),
+                                                   timeout=float(wp.get("timeout") or 600))
+                else:
+                    done = weights.roll_back(launcher.url, launcher.api_key, new_path, wp.get("previous_weight_version"),
+                                             expected_checksum=wp.get("previous_checksum"),
+                                             timeout=float(wp.get("timeout") or 600))
+            except weights.WeightsError as exc:
+                self.result["weights"] = exc.result
+                return self.weights_failed(exc, launcher)
+            self.result["weights"] = done
+            self.result["changed"] = bool(done.get("changed"))
+        self.result["timings"]["weights_s"] = round(time.monotonic() - t0, 3)
+        # The server now runs the new checkpoint: its records and unit must say so (a reboot starts what it runs).
+        launcher.result["unit_changed"] = launcher.write_files()
+        if launcher.result["unit_changed"] and launcher.manager == "systemd":
+            systemd.daemon_reload(_runner(self.module), launcher.systemctl())
+        state = sp.read_state(launcher.state_file) or {}
+        state.update(fingerprint=launcher.fp, identity=launcher.identity, argv=launcher.masked(launcher.argv))
+        sp.write_state(launcher.state_file, state)
+        launcher.result["pid"] = cur["pid"]
+        expect = launcher.p["expect"] if launcher.p["expect"] is not None else launcher.args
+        launcher.p["expect"] = dict((k, v) for k, v in (expect or {}).items() if k not in WEIGHT_FIELDS)
+        if launcher.p["check_config"]:
+            launcher.verify(0, None)
+        self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
+        if (p["verify"] or {}).get("allocated", True):
+            self.verify_gpus("allocated", (p["teardown"] or {}).get("gpus") or [])
+        if p["target"] == "candidate":
+            self.mark(journal_mod.LAUNCHED, detail="weights of PID %s updated in place, verified" % cur["pid"])
+            self.result["node_state"] = "candidate weights serving (not yet promoted)"
+        else:
+            self.mark(journal_mod.ROLLED_BACK, detail="weights of PID %s updated back to the known-good checkpoint" % cur["pid"])
+            self.result["node_state"] = "known-good running"
+        return self.finish()
+
+    def weights_failed(self, exc, launcher):
+        """A failed in-place update: nothing to do when the old weights still serve; else update back, else restart."""
+        if self.p["target"] != "candidate":
+            # Updating back to the known-good checkpoint failed: restart the server with the known-good config.
+            self.result["failed_step"] = "weights"
+            self.teardown()
+            self.rollback_in_place("updating back to the known-good checkpoint failed: %s" % exc.msg)
+            if (self.result.get("rollback") or {}).get("status") == "succeeded":
+                return self.finish()
+            raise ReplaceFailed(exc.msg, self.finish_result())
+        if exc.result.get("old_weights_serving") or exc.result.get("failure") in ("path",) and \
+                exc.result.get("old_weights_serving") is not False:
+            self.record_failure(journal_mod.FAILED, "weights update failed, the old weights still serve: %s" % exc.msg)
+            self.result["node_state"] = "unchanged (the old weights still serve)"
+            self.result["failed_step"] = "weights"
+            raise ReplaceFailed("%s (the old weights still serve; nothing else was changed)" % exc.msg, self.finish_result())
+        wp = dict(self.p["weights"] or {})
+        self.result["failed_step"] = "weights"
+        if wp.get("previous_model_path"):
+            try:
+                back = weights.roll_back(launcher.url, launcher.api_key, wp["previous_model_path"],
+                                         wp.get("previous_weight_version"), expected_checksum=wp.get("previous_checksum"),
+                                         timeout=float(wp.get("timeout") or 600))
+                self.result["rollback"] = {"status": "succeeded", "mode": "weights",
+                                           "detail": "updated back to %s: %s" % (wp["previous_model_path"], back.get("message"))}
+                self.record_failure(journal_mod.ROLLED_BACK, "weights update failed, updated back: %s" % exc.msg)
+                self.result["node_state"] = "known-good weights serving"
+                raise ReplaceFailed(exc.msg, self.finish_result())
+            except weights.WeightsError as back_exc:
+                self.module.warn("updating back to the previous checkpoint failed (%s); restarting the server with the "
+                                 "known-good config" % back_exc.msg)
+        # The server's weights are in an unknown state: restart it with the known-good config.
+        self.teardown()
+        self.rollback_in_place(exc.msg)
+        raise ReplaceFailed(exc.msg, self.finish_result())
+
     def verify_running(self):
         """Gate the server that already runs the intended config (an interrupted run's candidate): health, config
         check, GPUs allocated; nothing is stopped or started."""
@@ -297,6 +405,8 @@ class Replace(object):
                 params = None
                 if p["phase"] == "verify":
                     return self.verify_running()
+                if p["phase"] == "weights":
+                    return self.update_weights()
                 if p["phase"] in ("all", "launch"):
                     params = self.launch_params(p["target"])
                     if params is None:

@@ -158,6 +158,14 @@ options:
     description: Let the teardown stop foreign holders of the target GPUs instead of failing.
     type: bool
     default: false
+  redeploy_mode:
+    description:
+      - V(auto) swaps only the weights in place (no teardown) when the intended config differs from the running one in
+        the checkpoint only and the checkpoints are compatible, else restarts; V(restart) always restarts;
+        V(weights) requires the in-place update and fails the preflight, with the reasons, when it is not possible.
+    type: str
+    choices: [auto, restart, weights]
+    default: auto
   rollback:
     description: Whether a failed redeploy rolls back (the preflight refuses what would make the rollback impossible).
     type: bool
@@ -231,7 +239,8 @@ EXAMPLES = r"""
 RETURN = r"""
 plan:
   description:
-    - C(action) is V(none) (the healthy server runs the promoted intended config), V(verify) (the
+    - C(action) is V(none) (the healthy server runs the promoted intended config), V(weights) (only the checkpoint
+      changes: swap the weights in place, C(weights) says why), V(verify) (the
       intended config runs but never passed the smoke gate, so finish it), V(start) or V(restart); C(why)
       says why, C(recovering) whether an interrupted run is being finished.
     - Also C(target_gpus), C(manager), C(url), C(argv) (masked), C(fingerprint), C(differences) (field by
@@ -298,6 +307,7 @@ def argument_spec():
         adopt_pids=dict(type="list", elements="int", default=[]),
         adopt_patterns=dict(type="list", elements="str", default=[]),
         allow_foreign=dict(type="bool", default=False),
+        redeploy_mode=dict(type="str", default="auto", choices=["auto", "restart", "weights"]),
         rollback=dict(type="bool", default=True),
         force=dict(type="bool", default=False),
         settings=dict(type="dict", default={}),

@@ -32,8 +32,12 @@ options:
     description:
       - V(all), V(teardown) (steps 1-2 only), V(launch) (steps 3-4 only), or V(verify) (step 4 only, on the server
         that already runs the intended config, that is the candidate an interrupted run left unverified).
+      - V(weights) swaps the running server's weights in place (C(/update_weights_from_disk)), verifies them with
+        C(/model_info) and C(/weights_checker), checks the config and records the new checkpoint; no teardown.
+        A failed update that leaves the old weights serving changes nothing; otherwise the module updates back to
+        the previous checkpoint (O(weights.previous_model_path)) and, when that fails, restarts the known-good config.
     type: str
-    choices: [all, teardown, launch, verify]
+    choices: [all, teardown, launch, verify, weights]
     default: all
   target:
     description: V(candidate) (the O(launch) config) or V(known_good) (the record under C(<config_dir>/known-good)).
@@ -80,6 +84,13 @@ options:
     description:
       - Directories to create or fix before anything else, as C(paths) with C(mode), C(owner), C(group)
         (what the preflight found missing or wrong).
+    type: dict
+    default: {}
+  weights:
+    description:
+      - For O(phase=weights), by keys C(weight_version) (default the run id), C(previous_model_path),
+        C(previous_weight_version), C(previous_checksum), C(abort_all_requests) (true), C(flush_cache) (true),
+        C(timeout) (600), C(issue) (false on ranks 1 and up of a multi-node group, whose update goes through rank 0).
     type: dict
     default: {}
   rollback:
@@ -156,6 +167,10 @@ launch:
   description: The launch (pid, url, startup_s, effective, overrides, unverified, log_warnings, record_file), as M(gpufleet.sglang.sglang_launch) returns it.
   returned: when a launch started
   type: dict
+weights:
+  description: For O(phase=weights), the update (weight versions and checksums before and after, C(/model_info), timings).
+  returned: when O(phase=weights)
+  type: dict
 rollback:
   description: C(status) (succeeded, failed, unavailable) and C(detail) of an in-place rollback.
   returned: when O(rollback=true) and the candidate failed
@@ -196,6 +211,7 @@ def main():
             directories=dict(type="dict", default={}),
             lora_adapters=dict(type="list", elements="dict", default=[]),
             lora_timeout=dict(type="float", default=300),
+            weights=dict(type="dict", default={}),
             rollback=dict(type="bool", default=False),
             run_id=dict(type="str", required=True),
             lease=dict(type="dict", default={}),

@@ -1,0 +1,120 @@
+"""Weight-only redeploys (issue 16 section 1) through the real playbook against a simulated node.
+
+When only the checkpoint changes (same architecture and config.json, same args but the model path), the plan
+chooses ``weights``: the running server swaps its weights in place (``/update_weights_from_disk``), is checked
+(``/model_info``, ``/weights_checker``, the config, the GPUs) and smoke-gated, and is promoted, without a
+teardown: the server PID stays, and nothing is signalled. A failed update that leaves the old weights serving
+changes nothing; a smoke failure after the update rolls the weights back in place.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from playbook_helpers import FAST_SERVER_ENV, Procs, SimNode, alive, http_get
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def procs():
+    tracker = Procs()
+    yield tracker
+    left = tracker.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left
+
+
+def checkpoint(node, name, arch="DeepseekV3ForCausalLM", **config):
+    """A checkpoint directory: config.json as the node's model, plus a weight file with its own content."""
+    path = node.models / name
+    path.mkdir(parents=True, exist_ok=True)
+    base = json.loads((node.target / "config.json").read_text())
+    base.update(config)
+    base["architectures"] = [arch]
+    (path / "config.json").write_text(json.dumps(base))
+    (path / "model.safetensors").write_bytes(os.urandom(4096))
+    return path
+
+
+@pytest.fixture
+def node(tmp_path, procs):
+    n = SimNode(tmp_path / "node", procs)
+    (n.target / "model.safetensors").write_bytes(os.urandom(4096))
+    run = n.run()
+    assert run.rc == 0 and run.row()["status"] == "deployed", run.summary()
+    n.good_pid = n.server_pid()
+    return n
+
+
+def model_info(node):
+    status, info = http_get(node.url + "/model_info", api_key=node.api_key)
+    assert status == 200, (status, info)
+    return info
+
+
+def with_model(node, path, **extra):
+    hv = node.host_vars(**extra)
+    hv["sglang_server_args"] = dict(hv["sglang_server_args"], model_path=str(path))
+    return hv
+
+
+def test_a_new_checkpoint_is_swapped_in_place_without_a_teardown(node):
+    new = checkpoint(node, "kimi-k2.5-step2")
+    hv = with_model(node, new)
+    check = node.run(host_vars=hv, check=True)
+    assert check.row()["plan"] == "weights", check.row()
+    run = node.run(host_vars=hv)
+    row = run.row()
+    assert run.rc == 0 and row["status"] == "deployed" and row["mode"] == "weights", row
+    assert row["signalled"] == [] and row["plan_why"].startswith("only the weights change"), row
+    assert node.server_pid() == node.good_pid and alive(node.good_pid), "the same server keeps serving"
+    info = model_info(node)
+    assert info["model_path"] == str(new) and info["weight_version"] == row["run_id"], info
+    assert row["weights"]["version_after"] == row["run_id"]
+    assert row["weights"]["checksums_before"] != row["weights"]["checksums_after"]
+    assert json.loads((node.etc / "known-good" / "server.json").read_text())["args"]["model_path"] == str(new)
+    assert node.journal()["step"] == "promoted"
+    again = node.run(host_vars=hv)
+    assert again.row()["status"] == "unchanged", again.row()
+
+
+def test_another_architecture_restarts_and_says_why(node):
+    other = checkpoint(node, "other-arch", arch="LlamaForCausalLM", model_type="llama")
+    run = node.run(host_vars=with_model(node, other), check=True)
+    row = run.row()
+    assert row["plan"] == "restart", row
+    plan = run.task_result("Plan the redeploy (inspect the node, resolve the args as its SGLang will, take the lease)")
+    assert plan["plan"]["weights"]["mode"] == "restart" and "architectures" in json.dumps(plan["plan"]["weights"]), plan
+    forced = node.run(host_vars=with_model(node, other, sglang_redeploy_mode="weights"))
+    assert forced.rc != 0 and forced.row()["step"] == "preflight" and "sglang_redeploy_mode" in forced.row()["error"]
+    assert node.server_pid() == node.good_pid
+
+
+def test_an_update_that_runs_out_of_memory_keeps_the_old_weights_serving(node, tmp_path):
+    # The running server cannot stage the new weights (the fake's staging-buffer knob, set at its launch).
+    env = dict(FAST_SERVER_ENV, SGLANG_SIM_UPDATE_BUFFER_MIB="999999")
+    hv0 = node.host_vars(server_env=env)
+    assert node.run(host_vars=hv0, extravars={"sglang_redeploy_force": True}).row()["status"] == "deployed"
+    pid = node.server_pid()
+    old_info = model_info(node)
+    new = checkpoint(node, "kimi-k2.5-big")
+    run = node.run(host_vars=with_model(node, new, server_env=env))
+    row = run.row()
+    assert run.rc != 0 and row["status"] == "failed" and row["step"] == "weights", row
+    assert "old weights still serve" in row["error"], row["error"]
+    assert node.server_pid() == pid and model_info(node)["model_path"] == old_info["model_path"]
+    assert row["rollback"]["status"] == "not_needed"
+
+
+def test_a_smoke_failure_after_the_update_rolls_the_weights_back_in_place(node):
+    new = checkpoint(node, "kimi-k2.5-slow")
+    hv = with_model(node, new, sglang_smoke_min_tokens_per_s=1e9)        # a gate no server passes
+    run = node.run(host_vars=hv)
+    row = run.row()
+    assert run.rc != 0 and row["status"] == "rolled_back" and row["step"] == "smoke", row
+    assert node.server_pid() == node.good_pid, "the rollback updates back; it does not restart"
+    assert model_info(node)["model_path"] == str(node.target)
+    assert node.journal()["step"] == "rolled_back"
