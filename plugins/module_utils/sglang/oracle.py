@@ -50,6 +50,8 @@ def helper_source():
             source = loader.get_source(oracle_helper.__name__)
         except (ImportError, OSError):
             source = None
+    if isinstance(source, bytes):
+        source = source.decode("utf-8")
     if source is None:
         path = getattr(oracle_helper, "__file__", None)
         if path and os.path.isfile(path):

@@ -1382,21 +1382,21 @@ def plan_resolution(args, version=DEFAULT_VERSION, arch=None, policy=DEFAULT_POL
             result["disagreements"].append({"arg": None, "mirror": "starts", "node": "refuses: %s" % error.get("message")})
         return result
     node_args = answer.get("args") or {}
+    intended = plain(dict(args))
     effective = {}
-    adjustments = list(policy_adjustments)
-    for field in _compared_fields(rendered, predicted["args"]):
+    adjustments = []
+    for field in _compared_fields(intended, rendered):
         if field not in node_args:
-            continue  # a field this release does not report (the mirror's own bookkeeping)
+            continue  # a field this release does not have
         running = node_args[field]
         effective[field] = running
-        before = rendered.get(field)
-        if field in rendered and same(before, running):
+        before = intended.get(field)
+        if same(before, running) or (before is None and field not in rendered and running is None):
             continue
-        if field not in rendered and before is None and predicted["args"].get(field) is None and running is None:
-            continue
-        if field not in rendered and not any(a["arg"] == field for a in predicted["adjustments"]):
-            continue  # an SGLang default the plan never rendered nor predicted
-        rule = R_.find_rule(predicted["adjustments"], field, running)
+        if field not in intended and not any(a["arg"] == field for a in planned["adjustments"]):
+            continue  # an SGLang default that neither the operator nor the mirror named
+        # the mirror's rule when it explains the same change (the policy's included)
+        rule = R_.find_rule(planned["adjustments"], field, running)
         adjustments.append({"arg": field, "from": before, "to": running, "rule": rule,
                             "doc": R_.doc_ref(rule) if rule else None, "log": _log_for(rule, warnings)})
     for field, mirror_value in predicted["args"].items():
