@@ -398,11 +398,24 @@ def test_a_hand_started_server_on_the_managed_port_is_adopted(node, run, hold_in
     assert owner["pid"] == srv["pid"] and owner["managed"] is False and owner["adoptable"] is True
     holder = srv["child"] if hold_in_child else srv["pid"]
     assert [(h["pid"], h["class"]) for h in res["plan"]["holders"]] == [(holder, "adopted")]
-    assert srv["pid"] in res["plan"]["teardown_pids"] and holder in res["plan"]["teardown_pids"]
+    # The drain signals the server (SGLang stops its own schedulers); every holder of the plan is expected.
+    assert res["plan"]["teardown_pids"] == [srv["pid"]] and holder in res["plan"]["expected_pids"]
     assert [p["pid"] for p in res["node"]["gpus"][0]["processes"]] == [holder]
     # The command line is shown with every secret masked.
     assert SECRET not in json.dumps(res) and "hf_abc" not in json.dumps(res)
     assert owner["cmdline"].endswith("-m sglang.launch_server --api-key ******** --hf-token ********")
+
+
+def test_an_adopted_server_on_the_managed_port_is_the_running_server_of_the_plan(node, run):
+    """The incident case: the hand-started server on the managed port is the plan's running server, and it is replaced."""
+    srv = hand_started(node, port=node.port)
+    res = run(check=True)
+    assert res["problems"] == [] and srv["pid"] in res["plan"]["teardown_pids"]
+    running = res["plan"]["running"]
+    assert running is not None and running["pid"] == srv["pid"] and running["source"] == "adopted (port owner)"
+    assert res["plan"]["action"] == "restart"
+    assert res["plan"]["why"] == ("the running server (PID %d, adopted (port owner)) was not started by this collection; "
+                                  "replacing it" % srv["pid"])
 
 
 def test_a_hand_started_server_on_other_gpus_is_not_adopted(node, run):
@@ -430,7 +443,7 @@ def test_a_foreign_holder_of_the_target_gpus_fails_naming_it_unless_allowed(node
         assert adopted["problems"] == [] and adopted["plan"]["holders"][0]["class"] == "adopted", options
     allowed = run(check=True, allow_foreign=True)
     assert allowed["problems"] == [] and allowed["plan"]["holders"][0]["class"] == "foreign"
-    assert allowed["plan"]["teardown_pids"] == [other["pid"]]
+    assert other["pid"] in allowed["plan"]["expected_pids"]
     assert any(line.startswith("GPU holder PID %d (foreign, user " % other["pid"]) for line in allowed["lines"])
     bad = run(check=True, adopt_patterns=["(unclosed"])
     assert any(p.startswith("sglang_adopt_patterns: '(unclosed' is not a valid regular expression") for p in bad["problems"])
