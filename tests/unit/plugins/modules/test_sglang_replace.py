@@ -380,3 +380,52 @@ def test_result_lines_of_a_rollback_and_of_a_run_that_touched_nothing():
     ]
     untouched = {"torn_down": False, "signalled": [], "launch": {"url": "x"}, "node_state": "unchanged", "timings": {}}
     assert engine.result_lines(untouched) == ["node: unchanged (0.0 s in this module run)"]
+
+
+def lora_dir(node, name, config=True):
+    path = node.tmp / name
+    path.mkdir()
+    if config:
+        (path / "adapter_config.json").write_text(json.dumps({"r": 8, "target_modules": ["q_proj"]}))
+    return str(path)
+
+
+def test_runtime_lora_adapters_are_loaded_again_before_the_smoke_gate(node, monkeypatch):
+    old = node.hold([0], 1000, "--name", "old-server")
+    adapter = lora_dir(node, "adapter-a")
+    res = replace(node, monkeypatch, pids=[old], launch=node.launch(args={"enable_lora": True}),
+                  lora_adapters=[{"name": "ad-a", "path": adapter}])
+    assert res["failed"] is False, res.get("msg")
+    assert res["launch"]["lora_adapters"] == [{"name": "ad-a", "path": adapter, "loaded": True}]
+    status, _headers, body = http.request("GET", res["launch"]["url"] + "/v1/models", api_key=API_KEY, timeout=10)
+    assert status == 200 and [(c["id"], c["root"]) for c in body["data"] if c.get("parent")] == [("ad-a", adapter)]
+
+
+def test_a_runtime_lora_adapter_that_does_not_load_fails_the_candidate(node, monkeypatch):
+    old = node.hold([0], 1000, "--name", "old-server")
+    broken = lora_dir(node, "adapter-b", config=False)
+    res = replace(node, monkeypatch, pids=[old], launch=node.launch(args={"enable_lora": True}),
+                  lora_adapters=[{"name": "ad-b", "path": broken}])
+    assert res["failed"] is True and res["torn_down"] is True
+    assert res["msg"].startswith("loading the LoRA adapter ad-b (%s) again failed: HTTP 400 " % broken)
+    assert res["node_state"] == "no server" and node.running_pid() is None and node.used(0) <= 16
+    assert node.journal()["step"] == journal_mod.FAILED
+
+
+def test_a_port_the_new_server_binds_that_stays_held_fails_the_teardown(node, monkeypatch):
+    import socket
+    old = node.hold([0], 1000, "--name", "old-server")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    busy = sock.getsockname()[1]
+    try:
+        res = replace(node, monkeypatch, pids=[old], verify={"timeout": 1},
+                      teardown=dict(node.teardown(pids=[old]), ports=[node.port, busy]))
+    finally:
+        sock.close()
+    assert res["failed"] is True and res["torn_down"] is True and not alive(old)
+    assert res["msg"].startswith("the new server's ports are still in use 1 s after the teardown: ")
+    assert str(busy) in res["msg"] and "launch" not in res and res["failed_step"] == "teardown"
+    assert node.journal()["step"] == journal_mod.FAILED and node.journal()["detail"].startswith("teardown failed: ")
+    assert "ports_free_s" in res["timings"]
