@@ -461,3 +461,16 @@ def test_a_relaunch_of_the_promoted_record_has_the_promoted_identity(tmp_path):
     assert again.plan() == []
     assert again.fp == first.fp and again.argv == first.argv and again.secret_args == first.secret_args
     assert again.secret_env == {"HF_TOKEN": TOKEN} and again.api_key == KEY
+
+
+# ---------------------------------------------------------------------------
+# Bugs found by these tests (they fail until the fix in plugins/module_utils/launcher.py)
+# ---------------------------------------------------------------------------
+
+def test_bug_the_record_keeps_the_names_of_the_secret_args_and_env(tmp_path):
+    """Launcher.launch_record writes ``secret_args`` and ``env_secrets`` (the names, never the values), then redacts
+    the whole record, which masks every value under a secret-named key: both lists come out as "********"."""
+    launcher, dummy = planned(tmp_path, api_key=KEY, env={"HF_TOKEN": TOKEN})
+    launcher.write_files()
+    record = json.loads((tmp_path / "etc" / "candidate" / "server.json").read_text())
+    assert record["secret_args"] == ["api_key"] and record["env_secrets"] == ["HF_TOKEN"]

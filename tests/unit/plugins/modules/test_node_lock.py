@@ -269,3 +269,19 @@ def test_generation_counts_every_acquisition_across_releases_and_takeovers(run, 
     run({"path": str(lock), "owner": "run-3", "state": "released"})
     counter.write_text("garbage")
     assert run({"path": str(lock), "owner": "run-4"})["generation"] == 1
+
+
+# ---------------------------------------------------------------------------
+# Bugs found by these tests (they fail until the fix in plugins/modules/node_lock.py)
+# ---------------------------------------------------------------------------
+
+def test_bug_check_mode_predicts_the_change(run, tmp_path):
+    """check_mode support is ``full``, so ``changed`` is the prediction (the old module, and its tests, did so): a free
+    or expired lease would be taken, the run's own lease would be released. The new main() exits with changed=False
+    before it looks at what the state would do."""
+    lock = tmp_path / "lease"
+    assert run({"path": str(lock), "owner": "run-1"}, check=True)["changed"] is True
+    run({"path": str(lock), "owner": "run-1"})
+    assert run({"path": str(lock), "owner": "run-1", "state": "released"}, check=True)["changed"] is True
+    assert run({"path": str(lock), "owner": "run-1"}, check=True)["changed"] is False          # already held: no change
+    assert lock.is_dir()

@@ -575,3 +575,31 @@ def test_directory_owner_without_a_name_on_the_node(tmp_path, monkeypatch):
     monkeypatch.setattr(plan_mod.grp, "getgrgid", no_name)
     entry = plan_mod.inspect_directory(str(tmp_path), os.stat(str(tmp_path)).st_mode & 0o7777, str(os.getuid()), "")
     assert entry["owner"] == str(os.getuid()) and entry["group"] == str(os.getgid()) and entry["ok"] is True
+
+
+# ---------------------------------------------------------------------------
+# Bugs found by these tests (they fail until the fix in plugins/module_utils/plan.py / launcher.py)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("port", [0, 70000, -1])
+def test_bug_a_port_out_of_range_fails_the_preflight_naming_it(node, run, port):
+    """The old preflight refused it ("port must be between 1 and 65535"); the new one plans a start with it, so the
+    old server is torn down and the candidate can never bind or answer its health check (issue 12, section 3)."""
+    res = run(args={"model_path": node.model, "host": "127.0.0.1", "port": port})
+    assert res["failed"] is True, res["plan"]["action"]
+    assert any("port" in p and "65535" in p for p in res["problems"]), res["problems"]
+    assert not node.lease_path.exists()
+
+
+def test_bug_the_teardown_root_of_a_foreign_server_stays_inside_its_session(node, run):
+    """preflight._root climbs from a GPU holder to the top-most live ancestor below init, across session boundaries.
+    A foreign server started with setsid (its own session) by some process gets that process (here the tool that
+    runs the tests: the top of this test process's tree) as its "root": with allow_foreign=true the plan's
+    teardown_pids name it, and the drain would SIGTERM a shell, tmux server, sshd session or supervisor that merely
+    started the server. Check mode only here: nothing is signalled."""
+    other = hand_started(node, hold_in_child=False, gpus=(0,))
+    res = run(check=True, allow_foreign=True)
+    holder = res["plan"]["holders"][0]
+    assert holder["pid"] == other["pid"] and holder["class"] == "foreign"
+    assert holder["root"] == other["pid"], "root %s is outside the server's session %s" % (holder["root"], holder["session"])
+    assert res["plan"]["teardown_pids"] == [other["pid"]]

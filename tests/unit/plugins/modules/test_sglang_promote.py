@@ -246,3 +246,18 @@ def test_release_only_this_runs_lease(paths, monkeypatch):
     # No lease at all, or none named: nothing to release.
     res = run_module(sglang_promote, paths.args(promote=False, lease={}), monkeypatch)
     assert res["released"] is False and paths.lease.exists()
+
+
+# ---------------------------------------------------------------------------
+# Bugs found by these tests (they fail until the fix in plugins/modules/sglang_promote.py)
+# ---------------------------------------------------------------------------
+
+def test_bug_a_systemd_candidate_that_is_not_what_runs_is_refused_too(paths, monkeypatch):
+    """DOCUMENTATION: "With promote=true it checks that the candidate record is the config that runs now". promote()
+    compares only when manager == process; the launcher writes the same state record for a systemd server, and here
+    it names a live server that runs another config."""
+    paths.candidate_files()
+    paths.running(fingerprint="sha256:" + "cd" * 32)
+    res = run_module(sglang_promote, paths.args(manager="systemd", unit_dir=str(paths.unit_dir)), monkeypatch)
+    assert res["failed"] is True and res["promoted"] is False and "is not the config that runs now" in res["msg"]
+    assert not paths.known_good.exists()

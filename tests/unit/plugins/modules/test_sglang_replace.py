@@ -429,3 +429,33 @@ def test_a_port_the_new_server_binds_that_stays_held_fails_the_teardown(node, mo
     assert str(busy) in res["msg"] and "launch" not in res and res["failed_step"] == "teardown"
     assert node.journal()["step"] == journal_mod.FAILED and node.journal()["detail"].startswith("teardown failed: ")
     assert "ports_free_s" in res["timings"]
+
+
+# ---------------------------------------------------------------------------
+# Bugs found by these tests (they fail until the fix in plugins/module_utils/replace.py)
+# ---------------------------------------------------------------------------
+
+def test_bug_sigterm_during_the_in_place_rollback_writes_journal_step_interrupted(node, monkeypatch):
+    """Replace.run: the in-place rollback runs inside ``except (LaunchError, ...)`` (``failed()`` ->
+    ``rollback_in_place()``), so an Interrupted raised there is not caught by the sibling ``except Interrupted``:
+    it escapes main() as a traceback (MODULE FAILURE) and the journal stays at ``rolling_back``, not ``interrupted``."""
+    good_pid = deployed(node, monkeypatch)
+    sent = []
+    real_tick = engine.Replace.tick
+
+    def tick(self):
+        if self.step == journal_mod.ROLLING_BACK and not sent:     # an AWX cancel during the known-good's health wait
+            sent.append(self.step)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_tick(self)
+
+    monkeypatch.setattr(engine.Replace, "tick", tick)
+    try:
+        res = replace(node, monkeypatch, run_id="R2", pids=[good_pid], rollback=True,
+                      launch=node.launch(args={"mem_fraction_static": 0.8}, env=node.server_env(SGLANG_SIM_CRASH_ON_LOAD="1")))
+    except engine.Interrupted as exc:
+        node.running_pid()
+        pytest.fail("Interrupted escaped the module: %s (journal step %s)" % (exc, node.journal()["step"]))
+    assert sent == [journal_mod.ROLLING_BACK]
+    assert res["failed"] is True and "interrupted by SIGTERM at step rolling_back" in res["msg"]
+    assert node.journal()["step"] == journal_mod.INTERRUPTED
