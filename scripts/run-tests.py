@@ -60,6 +60,8 @@ STAGES: dict[str, tuple[list[str], str]] = {
         "--cov-fail-under=85",
     ], parallel=True), "pytest"),
     "integration": (_pytest("integration", ["tests/integration"], parallel=True), "pytest"),
+    # The mirror against the real SGLang wheels (tests/differential; builds .cache/differential/ once).
+    "differential": (_pytest("differential", ["tests/differential", "-p", "no:randomly"]), "pytest"),
     "gpu-kit": (_pytest("gpu-kit", ["tests/gpu", "-m", "gpu or not gpu"]), "pytest"),
     "lint": ([str(VENV_BIN / "ansible-lint"), "--profile", "production"], "check"),
     "sanity": (["bash", "scripts/sanity.sh"], "check"),

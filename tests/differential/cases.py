@@ -100,10 +100,14 @@ def _spec_triple(rng):
     return {}
 
 
-def random_case(rng, index):
+def random_case(rng, index, release=None):
     model = rng.choice(tuple(MODELS))
     gpu = rng.choice(tuple(GPUS))
     algorithm = rng.choice(ALGORITHMS)
+    if release in ("0.4.6", "0.4.10", "0.5.1") and algorithm in ("STANDALONE", "NGRAM", "eagle") and rng.random() < 0.8:
+        algorithm = rng.choice(("EAGLE", "EAGLE3", "NEXTN"))  # mostly names the old parser accepts
+    if release in ("0.4.6", "0.4.10", "0.5.1") and model == "kimi" and rng.random() < 0.7:
+        model = rng.choice(("llama", "qwen2", "dsv3"))  # Kimi-K2.5 checkpoints need 0.5.10
     args = {}
     draft = None
     if algorithm is not None:
@@ -210,7 +214,7 @@ def generate(version, count=300, seed=20261201):
     rng = random.Random("%s-%s" % (seed, release))
     index = 0
     while len(cases) < count:
-        cases.append(random_case(rng, index))
+        cases.append(random_case(rng, index, release))
         index += 1
     for case in cases:
         case["version"] = version

@@ -186,10 +186,13 @@ def run_version(version, count=300, workdir=None, log=print):
     rows = []
     for case in cases:
         mirror = run_mirror(version, case, model_paths)
-        diff = compare(case, real[case["id"]], mirror)
+        answer = real[case["id"]]
+        diff = compare(case, answer, mirror)
+        compared = len([f for f in mirror["args"] if f in (answer.get("args") or {})]) if answer["ok"] else 0
         rows.append({"case": case, "diff": diff, "known": known_reason(known, version, case["id"]) if diff else None,
-                     "guard": real[case["id"]].get("cuda_guard")})
-    return {"version": version, "rows": rows, "timings": timings}
+                     "guard": answer.get("cuda_guard"), "real_ok": bool(answer["ok"]), "compared": compared,
+                     "real": answer})
+    return {"version": version, "rows": rows, "timings": timings, "models": model_paths}
 
 
 def summary(result):
@@ -198,14 +201,16 @@ def summary(result):
     known = sum(1 for r in rows if r["diff"] is not None and r["known"])
     return {"version": result["version"], "configs": len(rows), "agree": agree,
             "percent": 100.0 * agree / len(rows) if rows else 0.0, "known": known,
-            "unknown": len(rows) - agree - known}
+            "unknown": len(rows) - agree - known, "refused": sum(1 for r in rows if not r["real_ok"]),
+            "fields": sum(r["compared"] for r in rows)}
 
 
 def table(summaries):
-    lines = ["%-12s %8s %8s %8s %8s %8s" % ("version", "configs", "agree", "%", "known", "unlisted")]
+    lines = ["%-12s %8s %8s %8s %8s %8s %12s %10s" % ("version", "configs", "agree", "%", "known", "unlisted",
+                                                       "real refuses", "fields")]
     for s in summaries:
-        lines.append("%-12s %8d %8d %8.1f %8d %8d" % (s["version"], s["configs"], s["agree"], s["percent"], s["known"],
-                                                       s["unknown"]))
+        lines.append("%-12s %8d %8d %8.1f %8d %8d %12d %10d" % (
+            s["version"], s["configs"], s["agree"], s["percent"], s["known"], s["unknown"], s["refused"], s["fields"]))
     return "\n".join(lines)
 
 
