@@ -202,7 +202,10 @@ def assert_group_rolled_back(run, group, old_pids, steps, messages):
     for host in HOSTS:
         assert run.host_stats(host)["failures"] == 1, (host, run.host_stats(host))
         row = report_row(run, host)
-        assert row["status"] == "rolled_back" and row["step"] == steps[host], row
+        assert row["status"] == "rolled_back" and row["step"] == steps[host], (
+            row["status"], row["step"], row["rollback"], row["error"],
+            [(h, t, (r.get("msg") or r.get("node_state"))[-300:], r.get("timings")) for h in HOSTS
+             for t in (ROLLBACK_TEARDOWN, ROLLBACK_LAUNCH) for r in run.task_results(t, host=h)])
         assert row["rollback"]["status"] == "succeeded", row["rollback"]
         assert messages[host] in row["error"], (host, row["error"])
         fail = run.task_result("Fail the host", host=host)
@@ -303,8 +306,8 @@ def test_a_second_run_is_a_no_op_for_both_ranks(group):
         assert run.host_stats(host)["changed"] == 0, (host, run.host_stats(host))
         row = report_row(run, host)
         assert row["status"] == "unchanged" and row["plan"] == "none", row
-        lease = run.task_result(PREFLIGHT, host=host)["lease"]
-        assert lease.get("released") is True and not group[host].lock_path.exists(), lease   # taken by the group, given back
+        given_back = run.task_result("Give back the lease of a multi-node group with nothing to do", host=host)
+        assert given_back["released"] is True and not group[host].lock_path.exists(), given_back   # taken by the group, given back
     assert not drain_events(run, RANK0) and not drain_events(run, RANK1)
     assert assert_group_running(group, dict(RESOLVED_SPEC, **CHANGED)) == pids
 

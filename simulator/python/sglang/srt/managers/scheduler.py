@@ -111,6 +111,9 @@ class ModelRunner:
         logger.info("Load weight begin. avail mem=%.2f GB", _gib(avail))
         self._allocate(cfg["weights_mib"])
         if cfg["crash_on_load"]:
+            # A load that fails does so at its end, after the load time (SGLANG_SIM_STARTUP_S): the other ranks of a
+            # multi-node group have joined by then, as on a real node where loading takes minutes.
+            time.sleep(cfg["startup_s"])
             raise RuntimeError(
                 "Error(s) in loading state_dict for %s: size mismatch for "
                 "model.layers.0.self_attn.qkv_proj.weight (SGLANG_SIM_CRASH_ON_LOAD)"
