@@ -231,7 +231,7 @@ def collect(log=print):
     for release in RELEASES:
         proc = subprocess.run([releases[release].python, str(pathlib.Path(__file__).resolve()), "dump"],
                               env=releases[release].env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, timeout=600)
+                              text=True, timeout=600, check=False)
         if proc.returncode != 0:
             raise SystemExit("dump of %s failed:\n%s" % (release, proc.stderr[-3000:]))
         dumps[release] = json.loads(proc.stdout)
@@ -327,7 +327,7 @@ def dump():
 
 
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("what", choices=("flags", "docs", "dump"))
     parser.add_argument("--check", action="store_true", help="compare with the committed files instead of writing")
     opts = parser.parse_args(argv)

@@ -40,6 +40,12 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.versions im
     rule_version,
 )
 
+__all__ = [
+    "DEFAULT_POLICY", "DEFAULT_VERSION", "DOCUMENTED_VERSIONS", "FLAGS", "OVERRIDE_LOG_PATTERNS", "POLICIES", "RULES",
+    "SECRET_ARGS", "explain", "flag_available", "parse_version", "resolve", "rule_version", "scan_override_log",
+    "suggest_field", "to_argv", "to_config_yaml", "yaml_quote",
+]
+
 # The old shapes: rule id -> (doc, summary), and the flat list of log patterns.
 RULES = dict((rule_id, (_doc_ref(rule_id), record["summary"])) for rule_id, record in _BY_ID.items())
 OVERRIDE_LOG_PATTERNS = _log_patterns()

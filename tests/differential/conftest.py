@@ -47,7 +47,7 @@ def pytest_terminal_summary(terminalreporter):
         for row in (_RESULTS.get(version) or {"rows": []})["rows"]:
             if row["diff"] is not None:
                 lines.append("  %s %s %s: %s" % (version, row["case"]["id"], "known" if row["known"] else "UNLISTED",
-                                                row["known"] or row["diff"]))
+                                                 row["known"] or row["diff"]))
     for line in lines:
         terminalreporter.write_line(line)
     out = HERE.parents[1] / "tests" / "output"

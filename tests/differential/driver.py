@@ -207,7 +207,7 @@ def summary(result):
 
 def table(summaries):
     lines = ["%-12s %8s %8s %8s %8s %8s %12s %10s" % ("version", "configs", "agree", "%", "known", "unlisted",
-                                                       "real refuses", "fields")]
+                                                      "real refuses", "fields")]
     for s in summaries:
         lines.append("%-12s %8d %8d %8.1f %8d %8d %12d %10d" % (
             s["version"], s["configs"], s["agree"], s["percent"], s["known"], s["unknown"], s["refused"], s["fields"]))
@@ -229,7 +229,7 @@ def main(argv):
                     print("  %s%s %s %s args=%s -> %s" % ("[known] " if row["known"] else "", row["case"]["id"],
                                                           row["case"]["gpu"], row["case"]["model"],
                                                           json.dumps(row["case"]["args"]),
-                                                       json.dumps(row["diff"], default=str)))
+                                                          json.dumps(row["diff"], default=str)))
     print(table(summaries))
     return 0
 

@@ -61,7 +61,7 @@ def _digest(*paths):
 def _pip(args, log):
     cmd = [str(VENV / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"] + args
     log("  $ pip " + " ".join(args))
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError("pip %s failed (rc %s):\n%s" % (" ".join(args), proc.returncode, proc.stdout[-4000:]))
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -67,7 +68,7 @@ def _json_safe(value, depth=0):
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+        return value if math.isfinite(value) else str(value)
     if depth > 6:
         return str(value)
     if isinstance(value, dict):
@@ -174,7 +175,8 @@ def install_smi_answer(gpu):
             out = text if kwargs.get("text") or kwargs.get("universal_newlines") or kwargs.get("encoding") \
                 else text.encode()
             return subprocess.CompletedProcess(argv, 0, out, "" if isinstance(out, str) else b"")
-        return real_run(args, *pos, **kwargs)
+        check = kwargs.pop("check", False)
+        return real_run(args, *pos, check=check, **kwargs)
 
     subprocess.run = run
 
@@ -407,4 +409,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

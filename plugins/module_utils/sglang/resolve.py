@@ -140,6 +140,7 @@ _ARCH_FIRST_RELEASE = {"KimiK25ForConditionalGeneration": _V0510}
 # sglang-rules.md §5: union of the built-in candidate_steps tables.
 _ADAPTIVE_DEFAULT_CANDIDATES = (0, 1, 3, 5, 7)
 
+
 def _truthy_env(value):
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
@@ -328,7 +329,7 @@ class _Resolver(object):
                     "model_path: SGLang %s cannot read a %s checkpoint (transformers raises \"The checkpoint you are "
                     "trying to load has model type ... but Transformers does not recognize this architecture\"); this "
                     "architecture needs SGLang %s or newer" % (self.version, self.arch,
-                                                              DOCUMENTED_VERSIONS[_ARCH_FIRST_RELEASE[self.arch]]))
+                                                               DOCUMENTED_VERSIONS[_ARCH_FIRST_RELEASE[self.arch]]))
         self.attention_dp_checks()
         if R >= _V0510:
             self.default_attention_backend()
@@ -505,7 +506,6 @@ class _Resolver(object):
                 "flex_attention (AssertionError \"Speculative decoding is currently not supported with Flex "
                 "Attention backend\", sglang-rules.md §8); use another attention_backend or drop "
                 "speculative_algorithm" % self.version)
-
 
         alg = self.normalize_algorithm(raw_alg)
 

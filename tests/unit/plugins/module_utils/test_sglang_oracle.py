@@ -69,7 +69,7 @@ def test_helper_module_level_is_stdlib_only():
     tree = ast.parse(HELPER.read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     names = {(a.name if isinstance(n, ast.Import) else n.module).split(".")[0] for n in top for a in n.names}
-    assert names <= {"__future__", "json", "logging", "os", "shutil", "sys", "tempfile", "time", "traceback",
+    assert names <= {"__future__", "json", "logging", "math", "os", "shutil", "sys", "tempfile", "time", "traceback",
                      "warnings"}
 
 

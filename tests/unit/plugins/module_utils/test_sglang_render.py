@@ -7,7 +7,6 @@ macro, kept verbatim below, is rendered with Jinja2 and compared word for word.
 """
 from __future__ import annotations
 
-import pathlib
 import re
 import shlex
 

@@ -300,7 +300,7 @@ def test_aux_hidden_states_variants():
     assert "return_aux_hidden_state_layer_ids" in errors_of(
         {"speculative_algorithm": "DFLASH", "enable_return_aux_hidden_states": True})
     ok = engine.resolve({"speculative_algorithm": "dflash", "enable_return_aux_hidden_states": True,
-                     "return_aux_hidden_state_layer_ids": [1, 2]}, "0.5.23")
+                         "return_aux_hidden_state_layer_ids": [1, 2]}, "0.5.23")
     assert ok["errors"] == [] and ok["args"]["speculative_algorithm"] == "DFLASH"
     assert "to name the capture convention" in errors_of({"model_path": "/m", "enable_return_aux_hidden_states": True})
     # older versions do not know the flag
@@ -378,7 +378,7 @@ def test_adaptive_config_file(tmp_path):
     config = tmp_path / "adaptive.json"
     config.write_text(json.dumps({"1": {"candidate_steps": [2, 4, 6]}, "meta": {}}))
     result = engine.resolve(spec_args(speculative_adaptive=True, speculative_adaptive_config=str(config)), "0.5.23",
-                        arch="LlamaForCausalLM")
+                            arch="LlamaForCausalLM")
     assert (result["args"]["speculative_num_steps"], result["args"]["speculative_num_draft_tokens"]) == (4, 5)
     msg = errors_of(spec_args(speculative_adaptive=True, speculative_adaptive_config=str(config), speculative_num_steps=3))
     assert "candidate_steps [2, 4, 6]" in msg
@@ -419,7 +419,7 @@ def test_topk_gt_1_without_draft_tokens_is_noted():
 
 def test_mtp_draft_path_variants():
     result = engine.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.5.23",
-                        arch="DeepseekV3ForCausalLM")
+                            arch="DeepseekV3ForCausalLM")
     assert result["args"]["speculative_draft_model_path"] == "/m"
     # the draft takes the model's revision, unset here: SGLang reports None
     assert result["args"].get("speculative_draft_model_revision") is None
@@ -435,10 +435,10 @@ def test_mtp_draft_path_variants():
     assert not [a for a in result["adjustments"] if a["rule"] == "eagle.mtp_draft_path_warning"]
     # 0.4.6 knows only DeepseekV3; 0.5.10 does not know DeepseekV4
     result = engine.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.4.6",
-                        arch="Glm4MoeForCausalLM")
+                            arch="Glm4MoeForCausalLM")
     assert "speculative_draft_model_path" not in result["args"]
     result = engine.resolve({"model_path": "/m", "speculative_algorithm": "EAGLE", **STATIC}, "0.5.10",
-                        arch="DeepseekV4ForCausalLM")
+                            arch="DeepseekV4ForCausalLM")
     assert "speculative_draft_model_path" not in result["args"]
 
 
@@ -454,7 +454,7 @@ def test_iquest():
     assert ok["errors"] == []
     assert (ok["args"]["speculative_eagle_topk"], ok["args"]["speculative_num_draft_tokens"]) == (1, 3)
     honor = engine.resolve(spec_args(speculative_num_steps=1, speculative_eagle_topk=1, speculative_num_draft_tokens=8),
-                       "0.5.23", arch=arch)
+                           "0.5.23", arch=arch)
     assert honor["errors"] == [] and honor["args"]["speculative_num_steps"] == 7
 
 
@@ -517,7 +517,7 @@ def test_ngram_rules():
     assert "must be at least 1" in errors_of({"speculative_algorithm": "NGRAM", "speculative_ngram_max_bfs_breadth": 0})
     assert errors_of({"speculative_algorithm": "NGRAM", "page_size": 16, "attention_backend": "flashinfer"}) == ""
     one = engine.resolve({"speculative_algorithm": "NGRAM", "page_size": 16, "speculative_ngram_max_bfs_breadth": 1},
-                     "0.5.23")
+                         "0.5.23")
     assert one["errors"] == [] and one["args"]["speculative_num_steps"] == 12
 
 
@@ -658,8 +658,8 @@ def test_to_argv_spellings_and_order():
 
 def test_to_argv_lists_json_and_dash_values():
     argv = render.to_argv({"lora_paths": ["a=/x", {"lora_name": "b", "lora_path": "/y"}], "return_aux_hidden_state_layer_ids": [],
-                       "json_model_override_args": {"rope_scaling": {"factor": 2}}, "api_key": "-secret",
-                       "config": "/etc/sglang.yaml"}, "0.5.23")
+                           "json_model_override_args": {"rope_scaling": {"factor": 2}}, "api_key": "-secret",
+                           "config": "/etc/sglang.yaml"}, "0.5.23")
     assert argv == ["--lora-paths", "a=/x", '{"lora_name":"b","lora_path":"/y"}',
                     "--json-model-override-args", '{"rope_scaling":{"factor":2}}', "--api-key=-secret",
                     "--config", "/etc/sglang.yaml"]
