@@ -178,3 +178,32 @@ def test_ansible_doc_renders(tmp_path, name):
         assert doc["doc"]["options"]["policy"]["default"] == sa.DEFAULT_POLICY
         assert set(doc["doc"]["options"]["policy"]["choices"]) == set(sa.POLICIES)
         assert doc["doc"]["positional"] == "version, policy, arch"
+
+
+def test_resolve_filter_gpu_changes_the_outcome():
+    args = {"model_path": "/m", "speculative_algorithm": "EAGLE", "speculative_draft_model_path": "/d",
+            "speculative_eagle_topk": 1, "speculative_num_steps": 3, "speculative_num_draft_tokens": 4}
+    h200 = FILTERS["sglang_resolve"](args, version="0.5.23", arch="LlamaForCausalLM",
+                                     gpu={"name": "NVIDIA H200", "compute_capability": "9.0", "memory_mib": 143771,
+                                          "count": 8})
+    b200 = FILTERS["sglang_resolve"](args, version="0.5.23", arch="LlamaForCausalLM",
+                                     gpu={"name": "NVIDIA B200", "compute_capability": "10.0", "memory_mib": 183359,
+                                          "count": 8})
+    assert h200["args"]["attention_backend"] == "fa3" and b200["args"]["attention_backend"] == "trtllm_mha"
+    assert h200["notes"] == [] and b200["notes"] == []
+    guessed = FILTERS["sglang_resolve"](args, version="0.5.23", arch="LlamaForCausalLM")
+    assert guessed["args"]["attention_backend"] == "fa3"
+    assert any("depends on the GPU" in n for n in guessed["notes"])
+    # 0.5.1 refuses trtllm_mha below SM100
+    old = FILTERS["sglang_resolve"](dict(args, attention_backend="trtllm_mha", speculative_draft_model_path="/d"),
+                                    version="0.5.1", arch="LlamaForCausalLM", gpu={"compute_capability": "9.0"})
+    assert "only supported on Blackwell" in old["errors"][0]
+
+
+@pytest.mark.parametrize("gpu, fragment", [
+    ("H200", "gpu must be a dict"),
+    ({"compute_capability": "nine"}, "compute_capability must look like '9.0'"),
+])
+def test_resolve_filter_bad_gpu(gpu, fragment):
+    with pytest.raises(AnsibleFilterError, match=fragment):
+        FILTERS["sglang_resolve"]({"model_path": "/m"}, gpu=gpu)
