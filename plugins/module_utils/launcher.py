@@ -86,9 +86,33 @@ def _gid(name):
         return grp.getgrnam(name).gr_gid
 
 
+_BOOL_KEYS = ("keep_on_failure", "allow_api_key_in_argv", "check_config")
+_FLOAT_KEYS = ("health_timeout", "stop_timeout", "health_timeout_configured")
+
+
 def with_defaults(params):
+    """The launch params with defaults, typed: a dict option's values arrive untyped (ansible-core 2.17 and 2.18
+    render them as strings)."""
     out = dict(DEFAULTS)
     out.update(dict((k, v) for k, v in (params or {}).items() if v is not None or k not in DEFAULTS))
+    for key in _BOOL_KEYS:
+        if isinstance(out.get(key), str):
+            out[key] = out[key].strip().lower() in ("1", "true", "yes", "on", "y")
+    for key in _FLOAT_KEYS:
+        if isinstance(out.get(key), str):
+            try:
+                out[key] = float(out[key]) if out[key].strip() else DEFAULTS.get(key)
+            except ValueError:
+                raise LaunchError("launch.%s must be a number of seconds, got %r" % (key, out[key]))
+    for key in ("port",):
+        if isinstance(out.get(key), str) and out[key].strip():
+            try:
+                out[key] = int(out[key])
+            except ValueError:
+                raise LaunchError("launch.%s must be an integer, got %r" % (key, out[key]))
+    for key, value in list(out.items()):
+        if value == "" and key in ("unit", "unit_dir", "config_file", "record_file", "pid_file", "log_file", "chdir", "host"):
+            out[key] = None
     return out
 
 
@@ -476,6 +500,7 @@ class Launcher(object):
         self.refingerprint(salt)
         if self.record_file:
             sp.write_private(self.record_file, json.dumps(self.launch_record(), indent=2, sort_keys=True) + "\n", mode=0o640)
+            self.result["record_file"] = self.record_file
             sp.write_private(self.secrets_file, json.dumps({"args": self.secret_args, "env": self.secret_env}, sort_keys=True) + "\n",
                              mode=0o600)
         if self.config_text is not None:

@@ -19,6 +19,8 @@ import pwd
 import signal
 import time
 
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpufleet.sglang.plugins.module_utils import drain as drain_engine
 from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
@@ -51,6 +53,25 @@ class ReplaceFailed(Exception):
         super(ReplaceFailed, self).__init__(msg)
         self.msg = msg
         self.result = result
+
+
+def _typed(spec, params, what):
+    """``params`` checked and converted by the engine's own argument spec: values in a dict option are not typed by
+    Ansible (ansible-core 2.17 and 2.18 even render them all as strings)."""
+    checked = ArgumentSpecValidator(spec).validate(dict(params))
+    if checked.error_messages:
+        raise launch_mod.LaunchError("%s: %s (nothing was touched)" % (what, "; ".join(checked.error_messages)))
+    return checked.validated_parameters
+
+
+def _flag(value, default=True):
+    """A boolean of a dict option ("True", "false", "1", ... from older ansible-core)."""
+    if value is None or value == "":
+        return default
+    try:
+        return boolean(value)
+    except TypeError:
+        return default
 
 
 def _runner(module):
@@ -138,8 +159,8 @@ class Replace(object):
                     self.result["unit_stopped"] = unit
             except systemd.SystemdError as exc:
                 self.module.warn("stopping %s failed (%s); the drain stops its processes by PID" % (unit, exc))
-        params = drain_engine.defaults()
-        params.update(dict((k, v) for k, v in td.items() if k in params))
+        params = _typed(drain_engine.ARGUMENT_SPEC, dict((k, v) for k, v in td.items() if k in drain_engine.ARGUMENT_SPEC),
+                        "teardown")
         try:
             drained = drain_engine.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn)
         except drain_engine.DrainError as exc:
@@ -171,16 +192,16 @@ class Replace(object):
         if state == "allocated":
             self.part = "verify allocated"
         vp = dict(self.p["verify"] or {})
-        params = gpu_verify.defaults()
-        params.update(dict((k, v) for k, v in vp.items() if k in params))
+        given = dict((k, v) for k, v in vp.items() if k in gpu_verify.ARGUMENT_SPEC)
         td = dict(self.p["teardown"] or {})
         for key in ("nvidia_smi", "backend", "device_paths"):
-            if key in td and key in params:
-                params[key] = td[key]
-        params["gpus"] = list(gpus)
-        params["state"] = state
+            if key in td and key in gpu_verify.ARGUMENT_SPEC:
+                given[key] = td[key]
+        given["gpus"] = list(gpus)
+        given["state"] = state
         if state != "free":
-            params["require_no_processes"] = False
+            given["require_no_processes"] = False
+        params = _typed(gpu_verify.ARGUMENT_SPEC, given, "verify")
         t0 = time.monotonic()
         result = gpu_verify.run_assert(params, _runner(self.module), check_mode=False, warn=self.module.warn)
         self.result["gpus_%s" % state] = result.get("gpus", [])
@@ -216,7 +237,8 @@ class Replace(object):
         A failed update that leaves the old weights serving changes nothing; one that does not is rolled back to
         the previous checkpoint, and, when that fails too, the server is restarted with the known-good config."""
         p = self.p
-        wp = dict(p["weights"] or {})
+        # "" is unset too (ansible-core < 2.19 renders a templated none as an empty string).
+        wp = dict((k, v) for k, v in (p["weights"] or {}).items() if v not in (None, ""))
         params = self.launch_params(p["target"])
         if params is None:
             raise launch_mod.LaunchError("there is no known-good config to update back to")
@@ -237,13 +259,13 @@ class Replace(object):
                   candidate={"pid": cur["pid"], "starttime": cur["start"], "fingerprint": launcher.fp, "mode": "weights"})
         self.result["torn_down"] = False
         t0 = time.monotonic()
-        if wp.get("issue", True):
+        if _flag(wp.get("issue")):
             version = wp.get("weight_version") or self.run_id
             try:
                 if p["target"] == "candidate":
                     done = weights.update_in_place(launcher.url, launcher.api_key, new_path, weight_version=version,
-                                                   abort_all_requests=wp.get("abort_all_requests", True),
-                                                   flush_cache=wp.get("flush_cache", True),
+                                                   abort_all_requests=_flag(wp.get("abort_all_requests")),
+                                                   flush_cache=_flag(wp.get("flush_cache")),
                                                    timeout=float(wp.get("timeout") or 600))
                 else:
                     done = weights.roll_back(launcher.url, launcher.api_key, new_path, wp.get("previous_weight_version"),
@@ -268,7 +290,7 @@ class Replace(object):
         if launcher.p["check_config"]:
             launcher.verify(0, None)
         self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
-        if (p["verify"] or {}).get("allocated", True):
+        if _flag((p["verify"] or {}).get("allocated")):
             self.verify_gpus("allocated", (p["teardown"] or {}).get("gpus") or [])
         if p["target"] == "candidate":
             self.mark(journal_mod.LAUNCHED, detail="weights of PID %s updated in place, verified" % cur["pid"])
@@ -294,7 +316,7 @@ class Replace(object):
             self.result["node_state"] = "unchanged (the old weights still serve)"
             self.result["failed_step"] = "weights"
             raise ReplaceFailed("%s (the old weights still serve; nothing else was changed)" % exc.msg, self.finish_result())
-        wp = dict(self.p["weights"] or {})
+        wp = dict((k, v) for k, v in (self.p["weights"] or {}).items() if v not in (None, ""))
         self.result["failed_step"] = "weights"
         if wp.get("previous_model_path"):
             try:
@@ -342,7 +364,7 @@ class Replace(object):
         self.result["timings"]["candidate_healthy_s"] = round(time.monotonic() - t0, 3)
         self.reload_adapters(launcher)
         self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
-        if (self.p["verify"] or {}).get("allocated", True):
+        if _flag((self.p["verify"] or {}).get("allocated")):
             self.verify_gpus("allocated", (self.p["teardown"] or {}).get("gpus") or [])
         self.mark(journal_mod.LAUNCHED, detail="running candidate PID %s healthy, config checked, GPUs allocated" % cur["pid"])
         self.result["node_state"] = "candidate running (not yet promoted)"
@@ -380,11 +402,9 @@ class Replace(object):
                 stopped = report.get("signalled", []) + report.get("killed", [])
             except launch_mod.LaunchError as exc:
                 self.module.warn("stopping the failed candidate: %s" % exc.msg)
-        params = drain_engine.defaults()
-        params.update(dict((k, v) for k, v in td.items() if k in params))
-        params["pids"] = [pid] if pid else []
-        params["expected_pids"] = []
-        params["on_unexpected"] = "signal"
+        given = dict((k, v) for k, v in td.items() if k in drain_engine.ARGUMENT_SPEC)
+        given.update(pids=[pid] if pid else [], expected_pids=[], on_unexpected="signal")
+        params = _typed(drain_engine.ARGUMENT_SPEC, given, "teardown")
         drained = drain_engine.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn)
         self.result.setdefault("rollback_signalled", []).extend(drained.get("signalled", []) or [{"pid": p} for p in stopped])
         self.verify_gpus("free", td.get("gpus") or [])
@@ -428,7 +448,7 @@ class Replace(object):
                 self.reload_adapters(launcher)
                 self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
                 vp = dict(p["verify"] or {})
-                if vp.get("allocated", True):
+                if _flag(vp.get("allocated")):
                     self.verify_gpus("allocated", (p["teardown"] or {}).get("gpus") or [])
                 if p["target"] == "candidate":
                     self.mark(journal_mod.LAUNCHED, detail="candidate PID %s healthy, config checked, GPUs allocated"
@@ -507,7 +527,7 @@ class Replace(object):
         self.candidate_pid = None
         try:
             launcher = self.launch(params, "known-good")
-            if (self.p["verify"] or {}).get("allocated", True):
+            if _flag((self.p["verify"] or {}).get("allocated")):
                 self.verify_gpus("allocated", (self.p["teardown"] or {}).get("gpus") or [])
         except (launch_mod.LaunchError, gpu_verify.VerifyError, drain_engine.DrainError) as exc:
             detail = "the last known-good config did not come back healthy: %s" % getattr(exc, "msg", exc)

@@ -70,7 +70,8 @@ def check_settings(settings):
         if name not in RULES:
             continue
         value = settings[name]
-        if value is None:
+        # Unset: None, or "" (ansible-core < 2.19 renders a templated none as an empty string).
+        if value is None or (isinstance(value, str) and not value.strip()):
             continue
         kind, minimum, exclusive, meaning = RULES[name]
         number, ok = _coerce(kind, value)
