@@ -349,8 +349,10 @@ class Launcher(object):
             args["host"] = p["host"]
         try:
             self.port = int(args.get("port", DEFAULT_PORT))
+            if not 0 < self.port < 65536:
+                self.blockers.append("sglang_server_args.port: %d is not a TCP port; give a port from 1 to 65535" % self.port)
         except (TypeError, ValueError):
-            self.blockers.append("port must be an integer, got %r" % (args.get("port"),))
+            self.blockers.append("sglang_server_args.port must be an integer from 1 to 65535, got %r" % (args.get("port"),))
         self.host = str(args.get("host") or DEFAULT_HOST)
         self.url = base_url(self.host, self.port)
         self.args = args
@@ -482,14 +484,18 @@ class Launcher(object):
     # ---------------- record and files ----------------
 
     def launch_record(self):
-        record = dict(self.p["record_extra"] or {})
+        record = secret_rules.redact(dict(self.p["record_extra"] or {}), self.secrets)
         record.update(
             name=self.name, version=self.version, manager=self.manager, python=self.python,
-            args=dict(self.args), secret_args=sorted(self.secret_args), env=dict(self.env), env_secrets=sorted(self.secret_env),
+            args=secret_rules.redact(dict(self.args), self.secrets), env=secret_rules.redact(dict(self.env), self.secrets),
             cuda_visible_devices=self.env.get("CUDA_VISIBLE_DEVICES", ""), chdir=self.p["chdir"], fingerprint=self.fp,
             unit=self.unit if self.manager == "systemd" else None,
         )
-        return secret_rules.redact(record, self.secrets)
+        # The names of the secrets (their values live in the 0600 secrets.json only); added after the masking,
+        # which would mask the lists themselves (their keys are secret-named).
+        record["secret_args"] = sorted(self.secret_args)
+        record["env_secrets"] = sorted(self.secret_env)
+        return record
 
     def write_files(self):
         """Write the candidate's files (record, secrets, config.yaml, env file, unit); True when the unit changed."""

@@ -150,12 +150,14 @@ def _user(uid):
 
 
 def _root(table, pid):
-    """The top-most live ancestor of ``pid`` below init (or a systemd manager): the process tree it belongs to."""
+    """The top-most live ancestor of ``pid`` in its own session, below init (or a systemd manager): the server tree
+    it belongs to. It never climbs into another session (the shell, tmux or supervisor that started the server)."""
     cur = table[pid]
+    sid = cur.sid
     seen = set()
     while cur.ppid in table and cur.ppid not in (0, 1) and cur.ppid not in seen:
         parent = table[cur.ppid]
-        if parent.comm in ("systemd", "init") or parent.exited:
+        if parent.comm in ("systemd", "init") or parent.exited or parent.sid != sid:
             break
         seen.add(cur.pid)
         cur = parent

@@ -466,10 +466,22 @@ class Replace(object):
         except lease_mod.LeaseLost as exc:
             raise ReplaceFailed(str(exc), self.finish_result())
         except (launch_mod.LaunchError, drain_engine.DrainError, gpu_verify.VerifyError) as exc:
-            return self.failed(exc, launcher)
+            return self.failed_or_interrupted(exc, launcher)
         except OSError as exc:
-            return self.failed(launch_mod.LaunchError("%s: %s" % (getattr(exc, "filename", None) or "a file", exc.strerror)),
-                               launcher)
+            return self.failed_or_interrupted(launch_mod.LaunchError("%s: %s" % (
+                getattr(exc, "filename", None) or "a file", exc.strerror)), launcher)
+
+    def failed_or_interrupted(self, exc, launcher):
+        """The failure path (stop the candidate, roll back), which a signal can interrupt too."""
+        try:
+            return self.failed(exc, launcher)
+        except Interrupted as stop:
+            self.result["failed_step"] = self.part
+            self.record_failure(journal_mod.INTERRUPTED, "%s at step %s (while handling: %s)" % (stop, self.step,
+                                                                                               getattr(exc, "msg", exc)))
+            raise ReplaceFailed("sglang_replace was %s at step %s while it handled a failure (%s); the node journal records "
+                                "it, and the next run continues from there" % (stop, self.step, getattr(exc, "msg", exc)),
+                                self.finish_result())
 
     def failed(self, exc, launcher):
         p = self.p

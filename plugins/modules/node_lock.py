@@ -148,7 +148,14 @@ def main():
     state = {"state": seen["state"], "reason": seen["reason"]}
     base = dict(changed=False, acquired=seen["state"] == lease_mod.MINE, holder=seen["holder"], state=state, waited=0.0,
                 generation=seen["generation"])
-    if p["state"] == "inspected" or module.check_mode:
+    if p["state"] == "inspected":
+        module.exit_json(**base)
+    if module.check_mode:
+        # What the task would change: take a free (or expired/dead) lease, or remove one.
+        if p["state"] == "acquired":
+            base["changed"] = seen["state"] in (lease_mod.FREE, lease_mod.EXPIRED, lease_mod.DEAD)
+        else:
+            base["changed"] = seen["held"] and (p["state"] == "broken" or p["force"] or seen["state"] == lease_mod.MINE)
         module.exit_json(**base)
     if p["state"] in ("released", "broken"):
         try:

@@ -130,6 +130,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as
 from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import unit as unit_mod
 
 FILES = (("server.json", 0o640), ("secrets.json", 0o600), ("config.yaml", 0o600), ("server.env", 0o600))
 
@@ -155,7 +156,15 @@ def promote(module, p):
     if record is None:
         module.fail_json(msg="there is no candidate record under %s to promote" % candidate, promoted=False)
     fp, pid = running_fingerprint(p["state_dir"])
-    if p["manager"] == "process" and fp != record.get("fingerprint"):
+    if fp != record.get("fingerprint") and p["manager"] == "systemd":
+        # A unit systemd started itself (at boot) names the identity of the config it runs in its unit file.
+        unit_file = os.path.join(p["unit_dir"], p["unit"] or "sglang-%s.service" % p["name"])
+        try:
+            with open(unit_file, encoding="utf-8") as fh:
+                fp = unit_mod.identity_of(fh.read()) or fp
+        except OSError:
+            pass
+    if fp != record.get("fingerprint"):
         module.fail_json(msg="the candidate record (%s) is not the config that runs now (%s): promote only what was verified; "
                              "run the redeploy again" % (record.get("fingerprint"), fp or "nothing runs"), promoted=False)
     if module.check_mode:

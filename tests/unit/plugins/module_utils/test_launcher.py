@@ -215,7 +215,7 @@ def test_every_blocker_is_reported_together(tmp_path):
                  "python: /nonexistent/python is not an executable file", "chdir: %s is not a directory" % (tmp_path / "nowhere")):
         assert part in text, part
     launcher, blockers = planned(tmp_path, args={"model_path": "/m", "port": "http"})
-    assert "port must be an integer, got 'http'" in blockers
+    assert "sglang_server_args.port must be an integer from 1 to 65535, got 'http'" in blockers
 
 
 def test_hosts_urls_and_argv_helpers():

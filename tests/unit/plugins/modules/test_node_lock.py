@@ -169,7 +169,8 @@ def test_a_controller_on_another_machine_is_judged_by_the_deadline_only(run, tmp
 def test_check_mode_and_inspected_only_look(run, tmp_path):
     lock = tmp_path / "locks" / "lease"
     free = run({"path": str(lock), "owner": "run-1"}, check=True)
-    assert free["changed"] is False and free["acquired"] is False and free["holder"] == {} and free["generation"] == 0
+    # Check mode says what the task would change (it would take the free lease) and changes nothing.
+    assert free["changed"] is True and free["acquired"] is False and free["holder"] == {} and free["generation"] == 0
     assert free["state"]["state"] == "free" and not (tmp_path / "locks").exists()
     held = held_by(lock, owner="run-A")
     looks = [({"path": str(lock), "owner": "run-1"}, True), ({"path": str(lock), "owner": "run-1", "state": "inspected"}, False)]
@@ -180,7 +181,7 @@ def test_check_mode_and_inspected_only_look(run, tmp_path):
     mine = run({"path": str(lock), "owner": "run-A"}, check=True)
     assert mine["acquired"] is True and mine["state"]["state"] == "mine"
     rel = run({"path": str(lock), "owner": "run-A", "state": "released"}, check=True)
-    assert rel["changed"] is False and lock.is_dir()                      # check mode releases nothing
+    assert rel["changed"] is True and lock.is_dir()                       # it would release it; check mode releases nothing
     assert lease_mod.read_holder(str(lock)) == held
 
 

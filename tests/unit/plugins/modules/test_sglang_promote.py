@@ -127,9 +127,10 @@ def test_promote_removes_a_stale_file_of_the_older_known_good(paths, monkeypatch
 def test_promote_of_a_systemd_server_copies_the_unit_0644_and_enables_it(paths, systemctl, monkeypatch):
     contents = paths.candidate_files()
     unit = paths.unit_dir / "sglang-unit.service"
-    unit.write_text("[Service]\nExecStart=/bin/true\n")
+    record = json.loads((paths.candidate / "server.json").read_text())
+    unit.write_text("# gpufleet-identity: %s\n[Service]\nExecStart=/bin/true\n" % record["fingerprint"])
     unit.chmod(0o600)
-    # systemd: the record is not compared with a state file (systemd started it, possibly at boot).
+    # systemd: without a state file (systemd started it, at boot), the unit file names the identity it runs.
     res = run_module(sglang_promote, paths.args(manager="systemd", unit_dir=str(paths.unit_dir)), monkeypatch)
     assert res["failed"] is False and res["promoted"] is True
     assert (paths.known_good / "sglang-unit.service").read_text() == unit.read_text()
@@ -141,6 +142,9 @@ def test_promote_of_a_systemd_server_copies_the_unit_0644_and_enables_it(paths, 
 
 def test_promote_says_so_when_the_enable_fails_after_the_copy(paths, systemctl, monkeypatch):
     paths.candidate_files()
+    record = json.loads((paths.candidate / "server.json").read_text())
+    (paths.unit_dir / "main.service").write_text("# gpufleet-identity: %s\n[Service]\nExecStart=/bin/true\n"
+                                                 % record["fingerprint"])
     monkeypatch.setenv("FAKE_SYSTEMCTL_RC", "5")
     res = run_module(sglang_promote, paths.args(manager="systemd", unit="main.service", unit_dir=str(paths.unit_dir)),
                      monkeypatch)
