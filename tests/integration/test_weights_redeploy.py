@@ -39,9 +39,24 @@ def checkpoint(node, name, arch="DeepseekV3ForCausalLM", **config):
     return path
 
 
+# An in-place update loads the one model path into every model runner, draft runners included, so a server
+# with a separate EAGLE draft model restarts (tested below); these nodes serve without speculative decoding.
+NO_SPECULATION = {"speculative_algorithm": None, "speculative_eagle_topk": None, "speculative_num_steps": None,
+                  "speculative_num_draft_tokens": None, "speculative_draft_model_path": None}
+
+
+class PlainNode(SimNode):
+    def server_args(self, **overrides):
+        return super().server_args(**dict(NO_SPECULATION, **overrides))
+
+    def host_vars(self, server_env=None, **overrides):
+        overrides.setdefault("sglang_smoke_min_accept_length", 0)
+        return super().host_vars(server_env=server_env, **overrides)
+
+
 @pytest.fixture
 def node(tmp_path, procs):
-    n = SimNode(tmp_path / "node", procs)
+    n = PlainNode(tmp_path / "node", procs)
     (n.target / "model.safetensors").write_bytes(os.urandom(4096))
     run = n.run()
     assert run.rc == 0 and run.row()["status"] == "deployed", run.summary()
@@ -79,6 +94,18 @@ def test_a_new_checkpoint_is_swapped_in_place_without_a_teardown(node):
     assert node.journal()["step"] == "promoted"
     again = node.run(host_vars=hv)
     assert again.row()["status"] == "unchanged", again.row()
+
+
+def test_a_server_with_a_separate_draft_model_restarts_and_says_why(tmp_path, procs):
+    eagle = SimNode(tmp_path / "eagle", procs)                  # the incident's EAGLE-3 config
+    (eagle.target / "model.safetensors").write_bytes(os.urandom(4096))
+    assert eagle.run().row()["status"] == "deployed"
+    new = checkpoint(eagle, "kimi-k2.5-step2")
+    check = eagle.run(host_vars=with_model(eagle, new), check=True)
+    row = check.row()
+    assert row["plan"] == "restart", row
+    plan = check.task_result("Plan the redeploy (inspect the node, resolve the args as its SGLang will, take the lease)")
+    assert "draft model" in plan["plan"]["weights"]["why"], plan["plan"]["weights"]
 
 
 def test_another_architecture_restarts_and_says_why(node):
