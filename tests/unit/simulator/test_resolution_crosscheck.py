@@ -97,3 +97,37 @@ def test_crosscheck_covers_the_table():
     cases = _cases()
     assert len(cases) >= 30
     assert {p.values[1] for p in cases} == SIM_VERSIONS
+
+
+class _FakeRelease:
+    """The fake SGLang as the oracle sees a node's SGLang: an interpreter and its environment."""
+
+    def __init__(self, version):
+        self.python = sys.executable
+        self.version = version
+
+    def env(self):
+        import os
+
+        return dict(os.environ, PYTHONPATH=str(REPO / "simulator" / "python"), SGLANG_SIM_VERSION=self.version)
+
+
+@pytest.mark.parametrize("version", ["0.4.6.post5", "0.5.1", "0.5.10", "0.5.23"])
+def test_fake_server_agrees_with_the_mirror_on_the_differential_configs(tmp_path, version):
+    """The differential test's 300 configs per release, resolved by the fake server through the
+    collection's oracle helper (as the demo and the integration tests do) and by the mirror."""
+    sys.path.insert(0, str(REPO / "tests" / "differential"))
+    import cases as cases_mod
+    import driver
+
+    paths = cases_mod.write_models(tmp_path / "models")
+    cases = cases_mod.generate(version)
+    answers, _timings = driver.run_real(_FakeRelease(version), cases, paths)
+    known = driver.load_known()
+    unlisted = []
+    for case in cases:
+        diff = driver.compare(case, answers[case["id"]], driver.run_mirror(version, case, paths))
+        if diff is not None and not driver.known_reason(known, version, case["id"]):
+            unlisted.append((case["id"], case["gpu"], case["model"], case["args"], diff))
+        assert answers[case["id"]]["cuda_guard"] == []
+    assert unlisted == []

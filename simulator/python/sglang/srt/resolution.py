@@ -56,8 +56,9 @@ class ResolveContext:
 
     def __init__(self, version_tuple, arch, draft_arch=None, gpu_name="NVIDIA H200",
                  gpu_total_mib=143771, enable_spec_v2=False, draft_config=None,
-                 model_dir=None, capability=None):
+                 model_dir=None, capability=None, model_type=None):
         self.vt = tuple(version_tuple)
+        self.model_type = model_type
         self.capability = tuple(capability) if capability else None
         self.arch = arch
         self.draft_arch = draft_arch
@@ -128,15 +129,21 @@ def attn_dp_enabled(sa) -> bool:
 def resolve(sa, ctx: ResolveContext) -> None:
     """Resolve ``sa`` in place, logging the real warnings; raises like SGLang."""
     _common_defaults(sa, ctx)
+    _unreadable_checkpoint(sa, ctx)
+    _attention_dp_width(sa, ctx)
+    if ctx.vt >= (0, 5, 10):
+        _default_attention_backend(sa, ctx)  # runs before the speculative hook (§1.8)
+    _backend_page_size(sa, ctx)
+    if (sa.values.get("pp_size") or 1) > 1:
+        sa.disable_overlap_schedule = True
+        logger.warning("Pipeline parallelism is incompatible with overlap schedule.")
     if ctx.vt >= (0, 5, 23):
         if sa.enable_return_aux_hidden_states and sa.speculative_algorithm is not None:
             # pipeline.py:94 / validation_hook.py:697-753
             sa.speculative_algorithm = None
-        _default_attention_backend(sa, ctx)  # runs before the speculative hook (§1.8)
         handle_speculative_decoding_0523(sa, ctx)
         _validate_0523(sa, ctx)
     elif ctx.vt >= (0, 5, 10):
-        _default_attention_backend(sa, ctx)
         handle_speculative_decoding_0510(sa, ctx)
     else:
         handle_speculative_decoding_legacy(sa, ctx)
@@ -157,8 +164,12 @@ def _common_defaults(sa, ctx):
     if sa.values.get("enable_amd_monokernel") == "amd":
         sa.enable_amd_monokernel = True
     if ctx.vt >= (0, 5, 23) and sa.values.get("enable_dp_attention"):
-        # Deprecated flag: resolution turns it into attn_dp_size (server_args.py:415-424).
-        sa.attn_dp_size = max(sa.values.get("attn_dp_size") or 1, sa.dp_size)
+        # Deprecated flag (0.5.23 parallel_hook.py handle_deprecated_dp_attention): the
+        # attention-DP width moves from dp_size to attn_dp_size, and dp_size counts replicas again.
+        if (sa.values.get("attn_dp_size") or 1) == 1:
+            sa.attn_dp_size = sa.dp_size
+            sa.dp_size = 1
+        sa.enable_dp_attention = False  # /server_info reports attn_dp_size > 1 again at the end
     if ctx.vt >= (0, 5, 23) and sa.served_model_name and ":" in sa.served_model_name:
         raise ValueError(  # validation_hook.py:214-219
             f"--served-model-name must not contain ':' (got {sa.served_model_name!r}).")
@@ -197,9 +208,87 @@ def _is_no_spec_infer_or_topk_one(sa) -> bool:
         sa.speculative_eagle_topk == 1 and (sa.page_size == 1 or sa.page_size is None))
 
 
+# The checkpoints a release's transformers cannot read (model_type -> first release that can).
+UNREADABLE_BEFORE = {"kimi_k25": (0, 5, 10)}
+# DeepSeek-style models get trtllm_mla on SM100 from their model override (0.5.10+).
+TRTLLM_MLA_SM100_ARCHS = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration",
+                          "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration")
+
+
+def _unreadable_checkpoint(sa, ctx):
+    """0.5.1 reads the HF config in every start, 0.4.x only for EAGLE speculation."""
+    first = UNREADABLE_BEFORE.get(ctx.model_type)
+    if first is None or ctx.vt >= first:
+        return
+    if ctx.vt >= (0, 5, 1) or str(sa.speculative_algorithm or "").upper() in ("EAGLE", "EAGLE3", "NEXTN"):
+        raise ValueError(
+            f"The checkpoint you are trying to load has model type `{ctx.model_type}` but Transformers "
+            "does not recognize this architecture. This could be because of an issue with the checkpoint, "
+            "or because your version of Transformers is out of date.")
+
+
+def _attention_dp_width(sa, ctx):
+    """Attention-DP splits the TP group: tp_size must be a multiple of its width."""
+    if ctx.vt >= (0, 5, 23):
+        width = sa.values.get("attn_dp_size") or 1
+        if width <= 1:
+            return
+    else:
+        if not sa.values.get("enable_dp_attention"):
+            return
+        width = sa.dp_size or 1
+        if ctx.vt < (0, 5, 10):
+            assert width > 1, "Please set a dp-size > 1. You can use 1 < dp-size <= tp-size "
+    assert (sa.tp_size or 1) % width == 0
+
+
+def _backend_page_size(sa, ctx):
+    """Attention backends with a fixed set of page sizes, and the GPUs the TRT-LLM kernels need."""
+    vt = ctx.vt
+    attention = sa.attention_backend
+    prefill = sa.values.get("prefill_attention_backend") or attention
+    decode = sa.values.get("decode_attention_backend") or attention
+    if attention == "flashmla" or (vt >= (0, 4, 10) and decode == "flashmla"):
+        logger.warning("FlashMLA only supports a page_size of 64, change page_size to 64.")
+        sa.page_size = 64
+    if vt < (0, 5, 23) and (attention == "cutlass_mla" or (vt >= (0, 4, 10) and decode == "cutlass_mla")):
+        logger.warning("Cutlass MLA only supports a page_size of 128, change page_size to 128.")
+        sa.page_size = 128
+    if vt >= (0, 4, 10) and (attention == "trtllm_mla" or (vt >= (0, 5, 1) and decode == "trtllm_mla")):
+        if vt < (0, 5, 23) and not ctx.is_sm100:
+            raise ValueError("TRTLLM MLA backend is only supported on Blackwell GPUs (SM100). "
+                             "Please use a different backend.")
+        if vt < (0, 5, 1) and sa.speculative_algorithm is not None:
+            raise ValueError("trtllm_mla backend does not support speculative decoding yet.")
+        if sa.page_size not in (32, 64):
+            logger.warning("TensorRT-LLM MLA only supports page_size of 32 or 64, changing page_size "
+                           "from %s to 64.", sa.page_size)
+            sa.page_size = 64
+    if vt >= (0, 5, 1) and "trtllm_mha" in (attention, prefill, decode):
+        if vt < (0, 5, 10) and not ctx.is_sm100:
+            raise ValueError("TRTLLM MHA backend is only supported on Blackwell GPUs (SM100). "
+                             "Please use a different backend.")
+        if (0, 5, 10) <= vt < (0, 5, 23) and prefill == "trtllm_mha" and not ctx.is_sm100:
+            raise ValueError("TRTLLM MHA backend for prefill is only supported on Blackwell GPUs (SM100). "
+                             "Please use a different prefill backend.")
+        sizes = (16, 32, 64, 128) if vt >= (0, 5, 23) else (16, 32, 64)
+        if sa.page_size not in sizes:
+            logger.warning("TensorRT-LLM MHA only supports page_size of %s, changing page_size from %s to 64.",
+                           ", ".join(str(x) for x in sizes), sa.page_size)
+            sa.page_size = 64
+
+
 def _default_attention_backend(sa, ctx):
     """get_default_attn_backend (model_override_base.py:277-325), §1.8."""
     if sa.attention_backend is not None:
+        return
+    if sa.device == "cpu":
+        sa.attention_backend = "torch_native"
+        return
+    if (ctx.arch in TRTLLM_MLA_SM100_ARCHS and ctx.is_sm100
+            and sa.values.get("prefill_attention_backend") is None
+            and sa.values.get("decode_attention_backend") is None):
+        sa.attention_backend = "trtllm_mla"
         return
     if _is_mla(ctx.arch):
         sa.attention_backend = "fa3" if ctx.is_hopper else ("flashinfer" if ctx.is_sm100
@@ -207,9 +296,9 @@ def _default_attention_backend(sa, ctx):
         return
     if ctx.is_hopper and _is_no_spec_infer_or_topk_one(sa):
         sa.attention_backend = "fa3"
-    elif (ctx.vt >= (0, 5, 23) and ctx.is_sm100 and _is_no_spec_infer_or_topk_one(sa)
+    elif (ctx.is_sm100 and _is_no_spec_infer_or_topk_one(sa)
           and (sa.speculative_algorithm is None or sa.speculative_eagle_topk is not None
-               or str(sa.speculative_algorithm).upper() == "DFLASH")):
+               or (ctx.vt >= (0, 5, 23) and str(sa.speculative_algorithm).upper() == "DFLASH"))):
         sa.attention_backend = "trtllm_mha"
     else:
         sa.attention_backend = "flashinfer"
@@ -627,13 +716,34 @@ def _validate_0523(sa, ctx):
 
 
 def check_server_args(sa, vt) -> None:
-    """The final validation of the emulated release (``check_server_args``), speculative part."""
-    pp = sa.values.get("pp_size") or 1
-    if pp > 1 and sa.speculative_algorithm is not None:
-        if vt < (0, 5, 10):
+    """The final validation of the emulated release (``check_server_args``): pipeline parallelism.
+
+    Up to 0.5.10 it accepts neither speculation nor mixed chunked prefill next to pp_size > 1;
+    0.5.23 accepts DSPARK on a PD prefill node, and single-layer EAGLE there too (or with
+    SGLANG_ENABLE_PP_SPEC).
+    """
+    if (sa.values.get("pp_size") or 1) <= 1:
+        return
+    algorithm = sa.speculative_algorithm
+    if vt < (0, 5, 23):
+        if algorithm is not None or sa.values.get("enable_mixed_chunk"):
             raise AssertionError(
                 "Pipeline parallelism is not compatible with overlap schedule, speculative decoding, "
                 "mixed chunked prefill.")
+        return
+    if algorithm is None:
+        return
+    on_prefill = sa.values.get("disaggregation_mode") == "prefill"
+    if str(algorithm).upper() == "DSPARK":
+        if not on_prefill:
+            raise AssertionError("Pipeline parallel DSPARK requires disaggregation-mode=prefill")
+        return
+    if str(algorithm).upper() != "EAGLE" or sa.values.get("enable_multi_layer_eagle"):
+        raise AssertionError("Pipeline parallelism currently only supports EAGLE (non-multi-layer) "
+                             "speculative decoding")
+    if not on_prefill and (os.environ.get("SGLANG_ENABLE_PP_SPEC") or "").lower() not in ("1", "true"):
+        raise AssertionError("PP + speculative decoding (MTP) is only supported on prefill nodes "
+                             "(disaggregation-mode=prefill)")
 
 
 # --------------------------------------------------------------------------

@@ -301,7 +301,7 @@ class ServerArgs:
             version_tuple(self.version), resolution.architecture_of(model_config), draft_arch=draft_arch,
             gpu_name=gpu["name"], gpu_total_mib=gpu["total_mib"], capability=gpu["capability"],
             enable_spec_v2=(os.environ.get("SGLANG_ENABLE_SPEC_V2") or "").lower() in ("1", "true"),
-            draft_config=draft_config, model_dir=self.model_path)
+            draft_config=draft_config, model_dir=self.model_path, model_type=model_config.get("model_type"))
 
     def check_server_args(self) -> None:
         """The final validation (``check_server_args``) of the emulated release."""
