@@ -333,3 +333,48 @@ def test_plan_with_the_fake_node_end_to_end(fake_node, model):
     assert plan["source"] == "node" and plan["errors"] == []
     assert plan["args"]["speculative_num_draft_tokens"] == 2 and plan["args"]["max_running_requests"] == 48
     assert plan["disagreements"] == []
+
+
+# ---------------------------------------------------------------------------
+# The helper's pieces, in this process (the subprocess runs above cover main())
+# ---------------------------------------------------------------------------
+def test_helper_pieces_in_process(monkeypatch):
+    import enum
+    import subprocess as sp
+    import types
+
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import oracle_helper as helper
+
+    class Color(enum.Enum):
+        RED = "red"
+
+    assert helper._json_safe({"a": (1, 2.5, float("inf")), "b": {3, 1}, "c": Color.RED, "d": pathlib.Path("/x")}) == {
+        "a": [1, 2.5, "inf"], "b": [1, 3], "c": "red", "d": "/x"}
+    gpu = helper._gpu_facts({"name": "NVIDIA B200", "compute_capability": "10.0", "memory_mib": 1024, "count": 2})
+    assert (gpu["major"], gpu["minor"], gpu["count"]) == (10, 0, 2)
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(), version=types.SimpleNamespace(cuda=None))
+    trips = len(helper.GUARD_TRIPS)
+    helper.install_cuda_guard(torch, gpu)
+    assert torch.cuda.is_available() and torch.cuda.device_count() == 2
+    assert torch.cuda.get_device_capability() == (10, 0) and torch.cuda.get_device_name(0) == "NVIDIA B200"
+    assert torch.cuda.get_device_properties(0).total_memory == 1024 * 1024 * 1024
+    assert torch.cuda.mem_get_info() == (1024 ** 3, 1024 ** 3) and not torch.cuda.is_initialized()
+    assert torch.version.cuda == "12.9"
+    with pytest.raises(RuntimeError, match="never initialises CUDA"):
+        torch.cuda._lazy_init()
+    assert helper.GUARD_TRIPS[trips:] == ["torch.cuda._lazy_init"]
+    del helper.GUARD_TRIPS[trips:]
+    real_run = sp.run
+    try:
+        helper.install_smi_answer(gpu)
+        done = sp.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                      stdout=sp.PIPE, text=True, check=False)
+        assert done.returncode == 0 and done.stdout == "1024\n1024\n"
+        assert sp.run([sys.executable, "-c", "print(7)"], stdout=sp.PIPE, text=True, check=True).stdout == "7\n"
+    finally:
+        sp.run = real_run
+    assert helper._argparse_message("usage: x\nx: error: unrecognized arguments: --y\n") == \
+        "unrecognized arguments: --y"
+    with helper._Env({"GPUFLEET_ORACLE_TEST": "1"}):
+        assert os.environ["GPUFLEET_ORACLE_TEST"] == "1"
+    assert "GPUFLEET_ORACLE_TEST" not in os.environ
