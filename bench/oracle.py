@@ -59,7 +59,7 @@ def measure(label, python, env, model, runs, configs):
     os.environ.update(env)
     try:
         singles = []
-        for _ in range(runs):
+        for _run in range(runs):
             started = time.monotonic()
             answer = oracle.resolve_on_node(python, argv, "0.5.23", H200)
             singles.append(time.monotonic() - started)
