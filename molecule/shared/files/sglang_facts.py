@@ -3,18 +3,27 @@
 Run with ansible.builtin.script and executable: python3 (one round trip per
 host instead of one per check). What to look at comes from the environment:
 
-  GPUFLEET_FACTS           JSON: {"units": [UNIT...],          systemctl show of each
-                                  "files": {PATH: "stat"|"text"},  stat (+ text) of each
+  GPUFLEET_FACTS           JSON: {"units": [UNIT...],          systemctl show + is-enabled of each
+                                  "files": {PATH: "stat"|"text"|"json"},  stat (+ text, + parsed JSON)
                                   "server_url": URL,            GET URL/server_info
-                                  "pid_files": [PATH...]}       PID read from each file
+                                  "pid_files": [PATH...],       PID read from each file
+                                  "secret_scan": [DIR...],      files under DIR holding a secret
+                                  "unit_env": [UNIT...]}        environment of each unit's main process
   GPUFLEET_FACTS_API_KEY   bearer token for /server_info (optional)
+  GPUFLEET_FACTS_SECRETS   JSON list of secret values for secret_scan (optional)
 
 Keys: pid1, system_state, failed_units, units {UNIT: {property: value}},
-files {PATH: {exists, mode, owner, group, size, sha256[, text]}},
+files {PATH: {exists, mode, owner, group, size, sha256[, text][, json]}} (a directory: no sha256),
 processes [{pid, ppid, pgid, sid, uid, user, comm, cmdline, args (joined), cgroup}],
 gpus [{index, bus_id, used_mib}] and apps [{pid, process_name,
 gpu_bus_id, used_memory}] (nvidia-smi rows, strings), holds (gpusim status holds), server_info
-(without secret fields) or server_info_error, pid_files {PATH: pid or null}.
+(without secret fields) or server_info_error, pid_files {PATH: pid or null},
+secret_files [{path, mode, owner, group, secrets}] (every regular file under a
+secret_scan directory whose content holds one of the secrets; secrets: their
+indexes in GPUFLEET_FACTS_SECRETS, never the values) and secret_processes
+[{pid, secrets}] (processes whose command line holds one), unit_env {UNIT:
+{pid, names, secrets}} (the variable names in /proc/<MainPID>/environ, and
+the indexes of the secrets that are the value of one of them).
 """
 import hashlib
 import json
@@ -65,6 +74,8 @@ def unit_facts(units):
             props[key] = value
         if rc != 0:
             props["error"] = err.strip()
+        # What `systemctl is-enabled` says (enabled, disabled, static, ...), as an operator would ask.
+        props["is_enabled"] = run(["systemctl", "is-enabled", unit])[1].strip()
         out[unit] = props
     return out
 
@@ -83,10 +94,38 @@ def file_facts(files):
             with open(path, "rb") as fh:
                 data = fh.read()
             entry["sha256"] = hashlib.sha256(data).hexdigest()
-            if what == "text":
+            if what in ("text", "json"):
                 entry["text"] = data.decode("utf-8", "replace")
+            if what == "json":
+                try:
+                    entry["json"] = json.loads(entry["text"])
+                except ValueError:
+                    entry["json"] = None
         out[path] = entry
     return out
+
+
+def secret_scan(roots, secrets):
+    """Every regular file under ``roots`` whose bytes hold one of ``secrets`` (no symlinks followed)."""
+    hits = []
+    needles = [value.encode("utf-8") for value in secrets if value]
+    for root in roots:
+        for directory, _dirs, names in os.walk(root):
+            for name in names:
+                path = os.path.join(directory, name)
+                try:
+                    st = os.lstat(path)
+                    if not os.path.isfile(path) or os.path.islink(path):
+                        continue
+                    with open(path, "rb") as fh:
+                        data = fh.read()
+                except OSError:
+                    continue
+                found = [i for i, needle in enumerate(needles) if needle in data]
+                if found:
+                    hits.append({"path": path, "mode": "%04o" % (st.st_mode & 0o7777), "secrets": found,
+                                 "owner": name_of(pwd.getpwuid, st.st_uid), "group": name_of(grp.getgrgid, st.st_gid)})
+    return sorted(hits, key=lambda hit: hit["path"])
 
 
 def process_facts():
@@ -146,6 +185,7 @@ def server_info(url, api_key):
 
 def main():
     spec = json.loads(os.environ.get("GPUFLEET_FACTS") or "{}")
+    secrets = json.loads(os.environ.get("GPUFLEET_FACTS_SECRETS") or "[]")
     facts = {}
     with open("/proc/1/comm", encoding="utf-8") as fh:
         facts["pid1"] = fh.read().strip()
@@ -173,6 +213,21 @@ def main():
         facts["server_info"], facts["server_info_error"] = server_info(
             spec["server_url"], os.environ.get("GPUFLEET_FACTS_API_KEY", ""))
 
+    facts["unit_env"] = {}
+    for unit in spec.get("unit_env", []):
+        pid = int(run(["systemctl", "show", "--property=MainPID", "--value", unit])[1].strip() or 0)
+        env = {}
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as fh:
+                for item in fh.read().split(b"\0"):
+                    key, sep, value = item.decode("utf-8", "replace").partition("=")
+                    if sep:
+                        env[key] = value
+        except OSError:
+            pass
+        facts["unit_env"][unit] = {"pid": pid, "names": sorted(env),
+                                   "secrets": [i for i, value in enumerate(secrets) if value and value in env.values()]}
+
     facts["pid_files"] = {}
     for path in spec.get("pid_files", []):
         try:
@@ -180,6 +235,18 @@ def main():
                 facts["pid_files"][path] = int(fh.read().strip())
         except (OSError, ValueError):
             facts["pid_files"][path] = None
+    facts["secret_files"] = secret_scan(spec.get("secret_scan", []), secrets)
+    # This script and the shell that Ansible started it with carry the secrets in their environment
+    # (and that shell perhaps on its command line): leave out this process and its ancestors.
+    ppid_of = {proc["pid"]: proc["ppid"] for proc in facts["processes"]}
+    mine, pid = set(), os.getpid()
+    while pid and pid not in mine:
+        mine.add(pid)
+        pid = ppid_of.get(pid, 0)
+    facts["secret_processes"] = [{"pid": proc["pid"], "secrets": [i for i, value in enumerate(secrets)
+                                                                  if value and value in proc["args"]]}
+                                 for proc in facts["processes"]
+                                 if proc["pid"] not in mine and any(value and value in proc["args"] for value in secrets)]
     print(json.dumps(facts, sort_keys=True))
 
 
