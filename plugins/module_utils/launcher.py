@@ -450,7 +450,8 @@ class Launcher(object):
                     cur.update(pid=pid, start=start, fingerprint=record.get("fingerprint"), source="pid_file")
                 elif any("sglang" in token for token in sp.cmdline(pid)):
                     cur.update(pid=pid, start=start, source="pid_file (no launch record)")
-        elif systemd.running():
+        else:
+            # manager systemd is explicit here (the plan picks it for auto only where systemd is PID 1): ask systemctl.
             props = self.unit_props()
             cur["unit"] = props
             pid = systemd.main_pid(props)

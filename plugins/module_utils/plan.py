@@ -403,7 +403,8 @@ class Preflight(object):
         gpus = [gpu_query.summarize(g) for g in selected]
         gpu = pf.gpu_facts(selected)
         self.node.update(systemd=is_systemd, gpus=gpus, gpu=gpu, backend=(snap or {}).get("backend"),
-                         gpu_count=len([g for g in (snap or {}).get("gpus", []) if not g.get("lost")]))
+                         gpu_count=len([g for g in (snap or {}).get("gpus", []) if not g.get("lost")]),
+                         all_gpus=[gpu_query.summarize(g) for g in (snap or {}).get("gpus", [])])
         resolved = self.resolve(gpu)
         args = resolved.get("args") or dict(p["args"] or {})
         layout = validate.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"])

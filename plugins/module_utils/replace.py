@@ -149,7 +149,7 @@ class Replace(object):
         self.result["torn_down"] = True
         self.result["changed"] = True
         unit = launch.get("unit") or "sglang-%s.service" % launch.get("name", "main")
-        if launch.get("manager") == "systemd" and systemd.running():
+        if launch.get("manager") == "systemd":
             systemctl = self.module.get_bin_path("systemctl", required=True)
             run = _runner(self.module)
             try:

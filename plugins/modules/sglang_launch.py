@@ -422,6 +422,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as engine
 from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.@-]+$")
 PASSED = ("name", "version", "manager", "unit", "unit_dir", "python", "args", "api_key", "env", "chdir", "host", "port",
@@ -466,7 +467,14 @@ def _diff(launcher, cur, action):
         record = cur.get("record") or {}
         argv = record.get("argv") if record.get("pid") == cur["pid"] else cur.get("argv")
         before = "argv: %s\n" % " ".join(argv or [])
-    after = "argv: %s\n" % " ".join(launcher.masked(launcher.argv)) if action in ("start", "restart") else ""
+    after = ""
+    if action in ("start", "restart"):
+        after = "argv: %s\n" % " ".join(launcher.masked(launcher.argv))
+        if launcher.config_text is not None:
+            # The --config file as it will be written, every secret value masked (rendered from masked values:
+            # masking the rendered text would miss a value that YAML escaped).
+            masked = render.to_config_yaml(dict((k, "********") for k in launcher.secret_args), launcher.version)
+            after += "config %s (0600):\n%s" % (launcher.config_path, "".join("  " + line + "\n" for line in masked.splitlines()))
     return {"before": before, "after": after, "before_header": "%s (running)" % launcher.name,
             "after_header": "%s (intended)" % launcher.name}
 

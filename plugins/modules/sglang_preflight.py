@@ -252,7 +252,9 @@ resolved:
   returned: always
   type: dict
 node:
-  description: C(arch), C(draft_arch), C(systemd), C(gpus), C(gpu_count), C(backend), C(gpu), C(port_owner), C(directories), C(probes).
+  description:
+    - C(arch), C(draft_arch), C(systemd), C(gpus) (the target GPUs), C(all_gpus) (every GPU of the node, for a status view),
+      C(gpu_count), C(backend), C(gpu), C(port_owner), C(directories), C(probes).
   returned: always
   type: dict
 lease:

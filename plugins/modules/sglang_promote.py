@@ -184,13 +184,12 @@ def promote(module, p):
         if os.path.exists(src):
             shutil.copyfile(src, os.path.join(known_good, unit))
             os.chmod(os.path.join(known_good, unit), 0o644)
-        if systemd.running():
-            systemctl = module.get_bin_path("systemctl", required=True)
-            try:
-                systemd.enable(lambda argv: module.run_command(argv, environ_update=dict(systemd.C_ENV)), systemctl, unit)
-            except systemd.SystemdError as exc:
-                module.fail_json(msg="the verified config was promoted, but enabling %s at boot failed: %s" % (unit, exc),
-                                 promoted=True)
+        systemctl = module.get_bin_path("systemctl", required=True)
+        try:
+            systemd.enable(lambda argv: module.run_command(argv, environ_update=dict(systemd.C_ENV)), systemctl, unit)
+        except systemd.SystemdError as exc:
+            module.fail_json(msg="the verified config was promoted, but enabling %s at boot failed: %s" % (unit, exc),
+                             promoted=True)
     journal_path = journal_mod.path_for(p["state_dir"])
     journal_mod.record(journal_path, p["run_id"], journal_mod.VERIFIED, detail="smoke gate passed", smoke=p["smoke"] or None)
     journal_mod.record(journal_path, p["run_id"], journal_mod.PROMOTED, detail=p["detail"] or "candidate promoted to known-good",

@@ -263,7 +263,7 @@ def test_declared_variables_are_read_where_listed():
 def test_router_and_survey_variables_are_all_declared():
     declared = declared_variables()
     registered = {"sglang_router_worker_url_effective", "sglang_router_remove_result", "sglang_router_drain_result",
-                  "sglang_router_add_result"}
+                  "sglang_router_add_result", "sglang_router_worker_config_effective"}
     for rel in ("playbooks/tasks/router_remove.yml", "playbooks/tasks/router_add.yml"):
         for name in set(re.findall(r"(?<![.\w])sglang_router_[a-z_]+", (REPO / rel).read_text())) - registered:
             assert name in declared, "%s reads %s, which docs/awx/variables.yml does not declare" % (rel, name)

@@ -93,14 +93,14 @@ def test_node_lock_two_runs_meet_release_is_owner_checked(tmp_path):
     won, lost = take[winner], take[loser]
     assert not won.get("failed") and won["changed"] is True and won["holder"]["owner"] == "run-" + winner
     assert lost["failed"] is True and lost["acquired"] is False
-    assert lost["msg"].startswith("Another redeploy holds the node lock %s: run run-%s on " % (lock, winner)), lost["msg"]
-    assert "timeout=2.0" in lost["msg"] and "force=true" in lost["msg"]
+    assert lost["msg"].startswith("another redeploy holds the node lease %s: run run-%s, taken " % (lock, winner)), lost["msg"]
+    assert "Waited 2.0 s" in lost["msg"] and "sglang_lease_break=run-%s" % winner in lost["msg"]
     assert lost["waited"] >= 1.9 and lost["holder"] == won["holder"]
 
     assert refused[winner].get("skipped") and forced[winner].get("skipped")
     assert refused[loser]["failed"] is True
-    assert refused[loser]["msg"].startswith("Lock %s is held by run run-%s on " % (lock, winner)), refused[loser]["msg"]
-    assert "not by run-%s; set force=true to remove it anyway" % loser in refused[loser]["msg"]
+    assert refused[loser]["msg"].startswith("the node lease %s is held by run run-%s, taken " % (lock, winner)), refused[loser]["msg"]
+    assert "not by run run-%s;" % loser in refused[loser]["msg"] and "(set force=true to remove it anyway)" in refused[loser]["msg"]
     assert not forced[loser].get("failed") and forced[loser]["changed"] is True
     assert forced[loser]["holder"]["owner"] == "run-" + winner
     assert not os.path.exists(lock)

@@ -126,7 +126,7 @@ def test_clean_launch_is_verified_and_idempotent(launch, models, tmp_path):
     assert record["pid"] == pid and record["port"] == launch.port()
     assert stat.S_IMODE(os.stat(tmp_path / "state" / "server.state.json").st_mode) == 0o600
     log = (tmp_path / "state" / "server.log").read_text()
-    assert "sglang_launch: starting t" in log
+    assert "=== gpufleet.sglang: starting t at " in log
 
     again = launch(args=args)
     assert not again["failed"], again.get("msg")
@@ -358,10 +358,10 @@ def test_systemd_manager_start_idempotent_stop(sim_node, models, servers, tmp_pa
         assert res["action"] == "start" and res["pid"] == unit_pid(root, unit)
         assert res["effective"]["port"] == port and res["overrides"] == []
         again = run_module_raw(params, tmp_path, env=env).result
-        assert again["changed"] is False and again["pid"] == res["pid"]
+        assert again["changed"] is False and again["pid"] == res["pid"], again.get("msg")
         stopped = run_module_raw(dict(params, state="stopped"), tmp_path, env=env).result
         assert stopped["changed"] and not _alive(res["pid"])
         calls = (root / "calls.log").read_text().splitlines()
-        assert "start %s" % unit in calls and "stop %s" % unit in calls
+        assert "start -- %s" % unit in calls and "stop -- %s" % unit in calls, calls
     finally:
         servers.add(unit_pid(root, unit))

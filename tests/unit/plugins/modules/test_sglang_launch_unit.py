@@ -633,7 +633,10 @@ def test_flow_check_mode_plans_and_starts_nothing(world, tmp_path, monkeypatch):
     assert result["argv"][-2:] == ["--config", str(tmp_path / "state" / "config.yaml")]
     assert result["config_file"] == str(tmp_path / "state" / "config.yaml")
     assert "--api-key" not in result["argv"] and SECRET not in json.dumps(result)
-    assert result["diff"]["before"] == "" and result["diff"]["after"] == "argv: %s\n" % " ".join(result["argv"])
+    assert result["diff"]["before"] == ""
+    # The argv, then the --config file as it will be written, its secret masked.
+    assert result["diff"]["after"] == "argv: %s\nconfig %s (0600):\n  api-key: \"********\"\n" % (
+        " ".join(result["argv"]), result["config_file"])
     assert not world.spawned and not (tmp_path / "state").exists()
 
 
