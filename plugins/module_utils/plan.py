@@ -567,9 +567,14 @@ def plan_lines(host, plan, resolved, lease_info):
     """The plan in readable lines, for the play's output."""
     lines = ["%s: %s (%s); GPUs %s; manager %s; args resolved by the %s%s; rollback %s" % (
         host, plan["action"], plan["why"], ",".join(str(g) for g in plan["target_gpus"]), plan["manager"],
-        "node's SGLang" if resolved.get("source") == "node" else "collection's mirror",
+        ("node's SGLang %s" % (resolved.get("node_version") or "")).strip() if resolved.get("source") == "node"
+        else "collection's mirror",
         (" (%s)" % resolved["fallback"]) if resolved.get("fallback") else "",
         "ready" if plan["rollback_ready"] else "not possible: %s" % plan["known_good"].get("why"))]
+    for dis in resolved.get("disagreements") or []:
+        # The node decides; a disagreement is the mirror's gap, shown so that it gets reported and fixed.
+        lines.append("mirror differs from the node's SGLang: %s: mirror %s, node %s (the node's answer is used)" % (
+            dis.get("arg") or "outcome", _fmt(dis.get("mirror")), _fmt(dis.get("node"))))
     if lease_info.get("waited_for"):
         lines.append("lease: waited %s s for run %s" % (lease_info.get("waited"), lease_info["waited_for"]))
     if lease_info.get("took_over"):

@@ -156,7 +156,11 @@ def resolve_on_node(python, args_or_argv, version, gpu, env=None, timeout=DEFAUL
     """
     argv = _argv_of(args_or_argv, version)
     request = {"argv": argv, "gpu": dict(gpu or {}), "env": dict((str(k), str(v)) for k, v in (env or {}).items())}
-    answer = run_helper(python, request, timeout=timeout, cwd=cwd)
+    # The helper runs in the server's environment (PYTHONPATH, LD_LIBRARY_PATH, ...), so that it imports the
+    # SGLang the server will import.
+    process_env = dict(os.environ)
+    process_env.update(request["env"])
+    answer = run_helper(python, request, timeout=timeout, cwd=cwd, env=process_env)
     if "args" not in answer or "ok" not in answer:
         raise OracleUnavailable("the node's SGLang at %s could not resolve the arguments: the helper's answer has no "
                                 "resolution (%r)" % (python, sorted(answer)))

@@ -4,44 +4,77 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The preflight's resolution: the node's own SGLang when it can answer, the mirror otherwise.
 
-A thin layer over ``resolve.plan_resolution`` (policy + oracle) that the ``sglang_preflight`` module
-calls; it only adapts the module's options and guarantees the result keys the plan and the report use:
-``args`` (what is rendered), ``effective`` (what the server will run), ``adjustments``, ``errors``,
-``notes``, ``source`` (``node`` or ``mirror``) and ``fallback`` (why the node did not answer).
+A thin layer over ``resolve.plan_resolution`` (policy, then the node's ``ServerArgs`` through
+``oracle.resolve_on_node``) that the ``sglang_preflight`` module calls. It adapts the module's options
+and names the result keys the plan, the launch and the report use:
+
+- ``args``: what is rendered to the server's command line (the intended args after the policy);
+- ``effective``: what the server will run (the node's answer, or the mirror's prediction);
+- ``adjustments``, ``errors``, ``notes``, ``log`` (SGLang's own warning lines), ``disagreements``
+  (mirror vs node, per field);
+- ``source``: ``node``, ``mirror`` or ``none`` (resolution node was required and the node could not answer);
+- ``fallback``: why the node was not asked or did not answer (None when it answered, or for ``mirror``).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import oracle as oracle_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as resolve_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import versions as versions_mod
+
+SOURCES = ("auto", "node", "mirror")
+
+
+def _release(version):
+    try:
+        return versions_mod.parse_version(str(version))[0]
+    except ValueError:
+        return None
+
+
+def version_mismatch(declared, answered, python):
+    """The error line when the node's SGLang is another release than sglang_server_version, else None."""
+    if not answered or _release(answered) is None or _release(answered) == _release(declared):
+        return None
+    return ("sglang_server_version: %s, but %s has SGLang %s installed; set sglang_server_version: \"%s\" (flags, "
+            "defaults and rules differ between releases, so the plan would describe another server)"
+            % (declared, python, answered, answered))
 
 
 def resolve_for_node(args, version, arch=None, policy="honor_draft_tokens", draft_arch=None, env=None, gpu=None,
                      source="auto", python="python3", timeout=120.0):
-    planner = getattr(resolve_mod, "plan_resolution", None)
-    if planner is not None:
-        oracle = None
-        if source != "mirror":
-            try:
-                from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import oracle as oracle_mod
-            except ImportError:  # pragma: no cover - the oracle ships with this package
-                oracle_mod = None
-            if oracle_mod is not None:
-                def _ask_node(resolve_args, resolve_version, resolve_gpu, resolve_env=None):
-                    return oracle_mod.resolve_on_node(python, resolve_args, resolve_version, resolve_gpu,
-                                                      env=resolve_env if resolve_env is not None else env, timeout=timeout)
-                oracle = _ask_node
-        result = planner(args, version=version, arch=arch, policy=policy, gpu=gpu, draft_arch=draft_arch, env=env,
-                         oracle=oracle, oracle_policy=source)
-    else:
-        result = resolve_mod.resolve(args, version=version, arch=arch, policy=policy, draft_arch=draft_arch, env=env)
-        result["source"] = "mirror"
-        result["fallback"] = None if source == "mirror" else "this collection version has no node-side resolution"
-        if source == "node":
-            result.setdefault("errors", []).append(
-                "sglang_resolution: node was asked for, but this collection version cannot run the node's SGLang; use auto or mirror")
-    result.setdefault("effective", result.get("args"))
-    result.setdefault("errors", [])
-    result.setdefault("notes", [])
-    result.setdefault("adjustments", [])
-    result.setdefault("fallback", None)
+    if source not in SOURCES:
+        raise ValueError("resolution must be one of %s, got %r" % (", ".join(SOURCES), source))
+    oracle = None
+    if python and not os.path.isabs(str(python)):
+        # sglang_server_python may be a bare name: the server finds it on its PATH, so does the oracle.
+        found = shutil.which(str(python), path=(env or {}).get("PATH") or os.environ.get("PATH", os.defpath))
+        python = found or python
+    if source != "mirror":
+        def oracle(rendered):
+            return oracle_mod.resolve_on_node(python, rendered, version, gpu, env=env, timeout=timeout)
+    planned = resolve_mod.plan_resolution(args, version=version, arch=arch, policy=policy, gpu=gpu,
+                                          draft_arch=draft_arch, env=env, oracle=oracle, oracle_policy=source)
+    result = {
+        "source": planned["source"],
+        "fallback": None if source == "mirror" else planned.get("fallback_reason"),
+        "args": dict(planned["rendered"]),
+        "effective": dict(planned["args"]),
+        "adjustments": list(planned.get("adjustments") or []),
+        "errors": list(planned.get("errors") or []),
+        "notes": list(planned.get("notes") or []),
+        "log": list(planned.get("log") or []),
+        "disagreements": list(planned.get("disagreements") or []),
+        "node_version": None,
+    }
+    answer = planned.get("node")
+    if answer:
+        result["node_version"] = answer.get("sglang_version")
+        mismatch = version_mismatch(version, answer.get("sglang_version"), python)
+        if mismatch:
+            result["errors"].insert(0, mismatch)
+        result["timings"] = dict((k, answer.get(k)) for k in ("import_s", "resolve_s", "elapsed_s"))
     return result

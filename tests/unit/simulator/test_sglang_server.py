@@ -219,7 +219,8 @@ class TestResolution:
         assert spec_of(resolve(["--speculative-algorithm", "STANDALONE"],
                                arch="LlamaForCausalLM"))[1:] == (3, 1, 4)
         with pytest.raises(ValueError, match="standalone speculative decoding does not support dp"):
-            resolve(["--speculative-algorithm", "STANDALONE", "--dp-size", "2",
+            # tp 2: real 0.5.23 first asserts that tp_size is a multiple of the attention-DP width
+            resolve(["--speculative-algorithm", "STANDALONE", "--tp-size", "2", "--dp-size", "2",
                      "--enable-dp-attention"])
 
     @pytest.mark.parametrize("version", ["0.4.6", "0.5.1", "0.5.10", "0.5.23"])
@@ -287,9 +288,10 @@ class TestResolution:
         argv = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
                 "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
                 "--attention-backend", "trtllm_mha"]
+        # 0.5.1 and 0.5.10 refuse trtllm_mha below SM100 first (real wheels): the topk check needs a B200 there.
         for version in ("0.5.1", "0.5.10", "0.5.23"):
             with pytest.raises(ValueError, match="trtllm_mha backend only supports topk = 1"):
-                resolve(argv, version=version)
+                resolve(argv, version=version, gpu="NVIDIA B200")
         # the real 0.4.10.post2 parser has no trtllm_mha choice (flag table from the wheels)
         with pytest.raises(SystemExit):
             resolve(argv, version="0.4.10")
@@ -318,7 +320,8 @@ class TestResolution:
         assert spec_of(sa) == ("NGRAM", 2, 4, 8)
         assert resolve(["--speculative-algorithm", "NGRAM"], version="0.5.10").speculative_num_steps is None
         with pytest.raises(ValueError, match="ngram speculative decoding does not support dp attention"):
-            resolve(["--speculative-algorithm", "NGRAM", "--dp-size", "2", "--enable-dp-attention"])
+            # tp 2: real 0.5.23 first asserts that tp_size is a multiple of the attention-DP width
+            resolve(["--speculative-algorithm", "NGRAM", "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"])
 
     def test_adaptive(self, caplog):
         caplog.set_level(logging.INFO)
