@@ -356,7 +356,7 @@ log_warnings:
       description: The field the warning is about.
       type: str
     rule:
-      description: The SGLang rule that printed it (see C(sglang_args.OVERRIDE_LOG_PATTERNS)).
+      description: The SGLang rule that printed it (see C(module_utils/sglang/rules.py), C(log_patterns)).
       type: str
 version:
   description: The SGLang version reported by the server.

@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_args
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as sglang_resolve
 
 from launch_helpers import (  # noqa: E402  (tests/integration is on sys.path via rootdir conftest)
     SIM_PY, Procs, cmdlines, fake_systemd, free_port, run_module_raw, session_members, unit_pid, write_unit,
@@ -158,7 +159,7 @@ def test_incident_config_fails_with_the_explanation(launch, models):
 
 def test_incident_resolved_with_honor_draft_tokens_runs_16_draft_tokens(launch, models):
     intended = dict({"model_path": str(models / "target")}, **INCIDENT, **_draft(models))
-    resolved = sglang_args.resolve(intended, "0.5.23", arch="Qwen3ForCausalLM", policy="honor_draft_tokens")
+    resolved = sglang_resolve.resolve(intended, "0.5.23", arch="Qwen3ForCausalLM", policy="honor_draft_tokens")
     assert not resolved["errors"], resolved["errors"]
     assert resolved["args"]["speculative_num_steps"] == 15
     res = launch(args=resolved["args"])
@@ -345,7 +346,7 @@ def test_systemd_manager_start_idempotent_stop(sim_node, models, servers, tmp_pa
     port = free_port()
     args = {"model_path": str(models / "target"), "port": port}
     unit = "sglang-sd.service"
-    flags = sglang_args.to_argv(args, "0.5.23")
+    flags = render.to_argv(args, "0.5.23")
     write_unit(root, unit, [sys.executable, "-m", "sglang.launch_server"] + flags,
                dict(FAST, PYTHONPATH=str(SIM_PY), GPUSIM_ROOT=sim_node.root, CUDA_VISIBLE_DEVICES="0"),
                tmp_path / "unit.log")

@@ -1,6 +1,6 @@
 """Shared table of SGLang argument-resolution cases (data only).
 
-Used by ``tests/unit/plugins/module_utils/test_sglang_args.py``, the filter
+Used by ``tests/unit/plugins/module_utils/test_sglang_resolve.py``, the filter
 tests, and later a cross-check against the fake SGLang server (an independent
 implementation of the same rules). Import it as ``from sglang_cases import
 CASES`` after putting ``tests/unit/plugins`` on ``sys.path``. Nothing here

@@ -8,7 +8,7 @@ draft tokens are given without steps, the ``TypeError`` of ``None > 1`` when
 steps are given without topk, and the real warning lines (logged with the
 ``[timestamp] message`` format of the real logger).
 
-It must never import the collection (``plugins/module_utils/sglang_args.py``):
+It must never import the collection (``plugins/module_utils/sglang/``):
 the collection's resolver is cross-checked against this server.
 
 Not modelled: out-of-tree platforms, ROCm auto rejection sampling (§1.3 step

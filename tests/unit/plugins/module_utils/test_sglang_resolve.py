@@ -9,7 +9,6 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_args as facade
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import flags, render, rules, versions
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as engine
 
@@ -876,13 +875,3 @@ def test_module_hygiene(name):
     assert "shared/docs" not in path.read_text() and "sglang.md" not in path.read_text()
     for line in path.read_text().splitlines():
         assert len(line) <= 160
-
-
-def test_facade_reexports_the_old_names():
-    for name in ("resolve", "to_argv", "to_config_yaml", "explain", "scan_override_log", "FLAGS", "SECRET_ARGS",
-                 "RULES", "OVERRIDE_LOG_PATTERNS", "flag_available", "rule_version", "parse_version", "yaml_quote",
-                 "DOCUMENTED_VERSIONS", "DEFAULT_VERSION", "DEFAULT_POLICY", "POLICIES", "suggest_field"):
-        assert hasattr(facade, name), name
-    assert facade.resolve is engine.resolve and facade.to_argv is render.to_argv
-    assert set(facade.RULES) == set(rules.BY_ID)
-    assert facade.RULES["eagle.topk1_draft_tokens"][0] == rules.doc_ref("eagle.topk1_draft_tokens")
