@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the node-side SGLang oracle costs per host: import, then per configuration.
 
 For every SGLang installed for the differential test (``.cache/differential/``: the real

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Generate the SGLang tables of the collection from the real wheels.
 
 Usage::

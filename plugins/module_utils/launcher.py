@@ -500,8 +500,8 @@ class Launcher(object):
 
     def write_files(self):
         """Write the candidate's files (record, secrets, config.yaml, env file, unit); True when the unit changed."""
-        for directory in set(os.path.dirname(x) for x in (self.pid_file, self.log_file, self.config_path, self.record_file,
-                                                           self.secrets_file) if x):
+        files = (self.pid_file, self.log_file, self.config_path, self.record_file, self.secrets_file)
+        for directory in set(os.path.dirname(x) for x in files if x):
             sp.ensure_dir(directory)
         salt = redeploy.read_salt(self.state_dir, create=True)
         self.refingerprint(salt)

@@ -473,7 +473,8 @@ class Preflight(object):
             "url": launcher.url, "argv": launcher.masked(launcher.argv), "fingerprint": launcher.fp,
             "differences": redeploy.differences(running_identity, launcher.identity) if running_identity else [],
             "running": found["running"], "port_owner": found["port_owner"], "holders": found["holders"],
-            "teardown_pids": found["teardown_pids"], "expected_pids": found["expected_pids"], "ports": [i["port"] for i in found["ports"]], "port_checks": found["ports"],
+            "teardown_pids": found["teardown_pids"], "expected_pids": found["expected_pids"],
+            "ports": [i["port"] for i in found["ports"]], "port_checks": found["ports"],
             "rollback_ready": kg.get("ready", False), "known_good": kg,
             "journal": {"entry": dict((k, v) for k, v in entry.items() if k != "history"), "summary": journal_mod.describe(entry)},
             "unit": launcher.unit,
@@ -583,8 +584,8 @@ def plan_lines(host, plan, resolved, lease_info):
     if plan.get("interrupted"):
         lines.append("journal: %s" % plan["journal"]["summary"])
     for adj in resolved.get("adjustments") or []:
-        line = "%s: %s -> %s [%s; %s]" % (adj.get("arg"), _fmt(adj.get("from")), _fmt(adj.get("to")), adj.get("rule"),
-                                           adj.get("doc"))
+        line = "%s: %s -> %s [%s; %s]" % (
+            adj.get("arg"), _fmt(adj.get("from")), _fmt(adj.get("to")), adj.get("rule"), adj.get("doc"))
         if adj.get("log"):
             line += ' SGLang logs: "%s"' % adj["log"]
         lines.append(line)

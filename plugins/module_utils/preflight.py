@@ -242,8 +242,8 @@ def classify_holders(table, holder_gpus, managed_pids, managed_unit, recorded_pi
 
 def describe_foreign(entry):
     ports = ", ".join(str(p) for p in entry.get("ports") or []) or "none"
-    return "PID %s (user %s, GPUs %s, ports %s): %s" % (entry["pid"], entry.get("user"), ",".join(str(g) for g in entry["gpus"]),
-                                                         ports, entry.get("cmdline"))
+    gpus = ",".join(str(g) for g in entry["gpus"])
+    return "PID %s (user %s, GPUs %s, ports %s): %s" % (entry["pid"], entry.get("user"), gpus, ports, entry.get("cmdline"))
 
 
 def compile_patterns(patterns):

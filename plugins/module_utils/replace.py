@@ -477,8 +477,8 @@ class Replace(object):
             return self.failed(exc, launcher)
         except Interrupted as stop:
             self.result["failed_step"] = self.part
-            self.record_failure(journal_mod.INTERRUPTED, "%s at step %s (while handling: %s)" % (stop, self.step,
-                                                                                               getattr(exc, "msg", exc)))
+            self.record_failure(journal_mod.INTERRUPTED, "%s at step %s (while handling: %s)" % (
+                stop, self.step, getattr(exc, "msg", exc)))
             raise ReplaceFailed("sglang_replace was %s at step %s while it handled a failure (%s); the node journal records "
                                 "it, and the next run continues from there" % (stop, self.step, getattr(exc, "msg", exc)),
                                 self.finish_result())
@@ -643,8 +643,8 @@ def result_lines(result):
     if result.get("torn_down"):
         lines.append("signalled: %s" % _signalled_line(result.get("signalled")))
     if "gpus_free" in result:
-        lines.append("%d GPU(s) free after %s s: %s" % (len(result["gpus_free"]), result["timings"].get("verify_free_s"),
-                                                       _gpus_line(result["gpus_free"])))
+        lines.append("%d GPU(s) free after %s s: %s" % (
+            len(result["gpus_free"]), result["timings"].get("verify_free_s"), _gpus_line(result["gpus_free"])))
     line = _launch_line(result.get("launch"), "candidate" if result.get("target") == "candidate" else "known-good")
     if line:
         lines.append(line)

@@ -239,28 +239,79 @@ EXAMPLES = r"""
 RETURN = r"""
 plan:
   description:
-    - C(action) is V(none) (the healthy server runs the promoted intended config), V(weights) (only the checkpoint
-      changes: swap the weights in place, C(weights) says why), V(verify) (the
-      intended config runs but never passed the smoke gate, so finish it), V(start) or V(restart); C(why)
-      says why, C(recovering) whether an interrupted run is being finished.
-    - Also C(target_gpus), C(manager), C(url), C(argv) (masked), C(fingerprint), C(differences) (field by
-      field), C(running), C(holders), C(teardown_pids), C(rollback_ready), C(known_good) and C(journal).
+    - The plan. Also C(target_gpus), C(manager), C(url), C(argv) (masked), C(fingerprint), C(differences) (field by
+      field), C(running), C(holders), C(teardown_pids), C(expected_pids), C(rollback_ready), C(known_good), C(weights)
+      and C(journal).
   returned: always
   type: dict
+  contains:
+    action:
+      description:
+        - V(none) (the healthy server runs the promoted intended config), V(weights) (only the checkpoint changes,
+          so the weights are swapped in place; C(weights) says why), V(verify) (the intended config runs but never
+          passed the smoke gate, so finish it), V(start) or V(restart).
+      returned: always
+      type: str
+    why:
+      description: Why this action.
+      returned: always
+      type: str
+    recovering:
+      description: Whether an interrupted run is being finished or rolled back.
+      returned: always
+      type: bool
 resolved:
-  description: C(args) (what will be rendered), C(effective), C(adjustments), C(errors), C(notes), C(source) (node or mirror), C(fallback).
+  description: How the args were resolved.
   returned: always
   type: dict
+  contains:
+    args:
+      description: What will be rendered to the server's command line (the intended args after the policy).
+      returned: always
+      type: dict
+    effective:
+      description: What the server will run (the node's answer, or the mirror's prediction).
+      returned: always
+      type: dict
+    adjustments:
+      description: Every value that differs from the intended one, with the rule and SGLang's log line.
+      returned: always
+      type: list
+      elements: dict
+    source:
+      description: V(node) (the node's SGLang answered), V(mirror), or V(none) (resolution node, and the node could not answer).
+      returned: always
+      type: str
+    fallback:
+      description: Why the node's SGLang was not used (null when it answered).
+      returned: always
+      type: str
+    disagreements:
+      description: Fields where the collection's mirror predicts another value than the node's SGLang runs.
+      returned: always
+      type: list
+      elements: dict
 node:
   description:
     - C(arch), C(draft_arch), C(systemd), C(gpus) (the target GPUs), C(all_gpus) (every GPU of the node, for a status view),
-      C(gpu_count), C(backend), C(gpu), C(port_owner), C(directories), C(probes).
+      C(gpu_count), C(backend), C(gpu), C(port_owner), C(probes).
   returned: always
   type: dict
+  contains:
+    directories:
+      description: The directories the server needs, each with C(path), C(ok) and what is wrong with it.
+      returned: always
+      type: list
+      elements: dict
 lease:
-  description: C(acquired), C(waited), C(took_over) (the previous holder), C(took_over_reason), C(generation), C(state).
+  description: C(acquired), C(waited), C(took_over_reason), C(generation), C(state).
   returned: always
   type: dict
+  contains:
+    took_over:
+      description: The previous holder when this run took over an expired lease or one whose controller is dead, else null.
+      returned: always
+      type: dict
 lines:
   description: The plan in readable lines (action and why, the lease, the journal, every adjustment, every GPU holder, every changed field).
   returned: always

@@ -193,8 +193,8 @@ def promote(module, p):
     journal_path = journal_mod.path_for(p["state_dir"])
     journal_mod.record(journal_path, p["run_id"], journal_mod.VERIFIED, detail="smoke gate passed", smoke=p["smoke"] or None)
     journal_mod.record(journal_path, p["run_id"], journal_mod.PROMOTED, detail=p["detail"] or "candidate promoted to known-good",
-                       known_good={"fingerprint": record.get("fingerprint")}, candidate={"fingerprint": record.get("fingerprint"),
-                                                                                        "pid": pid})
+                       known_good={"fingerprint": record.get("fingerprint")},
+                       candidate={"fingerprint": record.get("fingerprint"), "pid": pid})
     return {"promoted": True, "known_good": {"dir": known_good, "fingerprint": record.get("fingerprint")}}
 
 

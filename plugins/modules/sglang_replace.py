@@ -35,7 +35,7 @@ options:
       - V(weights) swaps the running server's weights in place (C(/update_weights_from_disk)), verifies them with
         C(/model_info) and C(/weights_checker), checks the config and records the new checkpoint; no teardown.
         A failed update that leaves the old weights serving changes nothing; otherwise the module updates back to
-        the previous checkpoint (O(weights.previous_model_path)) and, when that fails, restarts the known-good config.
+        the previous checkpoint (C(previous_model_path) in O(weights)) and, when that fails, restarts the known-good config.
     type: str
     choices: [all, teardown, launch, verify, weights]
     default: all

@@ -54,8 +54,9 @@ def resolve_for_node(args, version, arch=None, policy="honor_draft_tokens", draf
         found = shutil.which(str(python), path=(env or {}).get("PATH") or os.environ.get("PATH", os.defpath))
         python = found or python
     if source != "mirror":
-        def oracle(rendered):
+        def ask_node(rendered):
             return oracle_mod.resolve_on_node(python, rendered, version, gpu, env=env, timeout=timeout)
+        oracle = ask_node
     planned = resolve_mod.plan_resolution(args, version=version, arch=arch, policy=policy, gpu=gpu,
                                           draft_arch=draft_arch, env=env, oracle=oracle, oracle_policy=source)
     result = {

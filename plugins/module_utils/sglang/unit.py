@@ -18,6 +18,8 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import rend
 
 IDENTITY_PREFIX = "# gpufleet-identity: "
 _IDENTITY_RE = re.compile(r"^# gpufleet-identity: (\S+)\s*$", re.MULTILINE)
+
+
 def _path(path):
     return str(path).replace("%", "%%")
 

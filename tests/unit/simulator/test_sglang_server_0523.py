@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sglang_helpers import (  # noqa: E402 - after this directory is put on sys.path
-    GpuNode, ProcessRegistry, Server, alive, cmdline, comm, free_port, make_model, wait_for,
+    GpuNode, ProcessRegistry, Server, cmdline, comm, free_port, make_model, wait_for,
 )
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics  # noqa: E402

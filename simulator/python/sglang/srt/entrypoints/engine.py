@@ -595,7 +595,7 @@ class Engine:
              lambda d: tm.gen_throughput() / tm.dp_size),
             ("sglang:cache_hit_rate", "The prefix cache hit rate.", lambda d: 0.0),
             ("sglang:token_usage", "The token usage.", lambda d: tm._token_usage()),
-            ("sglang:num_used_tokens", "The number of used tokens.", lambda d: tm.used_tokens(d)),
+            ("sglang:num_used_tokens", "The number of used tokens.", tm.used_tokens),
         ]
         lines = []
         for name, help_text, fn in gauges:
