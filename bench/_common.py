@@ -5,8 +5,10 @@ and stopped by PID at the end: never by name or pattern.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -65,14 +67,98 @@ def proc_starttime(pid):
     return int(fields[19])
 
 
+def _clk_tck():
+    return float(os.sysconf("SC_CLK_TCK"))
+
+
+def boot_offset():
+    """Epoch seconds at CLOCK_BOOTTIME zero, to ~1 us: ``time.time() - clock_gettime(CLOCK_BOOTTIME)``.
+
+    /proc/<pid>/stat's starttime counts clock ticks of CLOCK_BOOTTIME (Linux >= 5.5; CLOCK_MONOTONIC
+    before, identical on a machine that never suspended). Pairing the two clocks here gives an offset
+    with the precision of the clocks themselves, where /proc/stat's ``btime`` is truncated to whole
+    seconds (the old bench was off by up to 1 s; see ``clock_check``). The tightest of a few paired
+    readings is kept.
+    """
+    best = None
+    for dummy in range(5):
+        a = time.time()
+        b = time.clock_gettime(time.CLOCK_BOOTTIME)
+        c = time.time()
+        if best is None or c - a < best[0]:
+            best = (c - a, (a + c) / 2.0 - b)
+    return best[1]
+
+
 def proc_start_epoch(pid):
-    """Wall-clock start of a live process (10 ms resolution), or None."""
+    """Wall-clock start of a live process, or None. starttime is truncated to a clock tick (10 ms), so
+    the start lies in [ticks, ticks + 1) / CLK_TCK: the middle of that tick is returned (error <= 5 ms)."""
+    ticks = proc_starttime(pid)
+    if ticks is None:
+        return None
+    return boot_offset() + (ticks + 0.5) / _clk_tck()
+
+
+def proc_start_epoch_btime(pid):
+    """The old bench's conversion (btime, whole seconds): kept only to measure its error."""
     ticks = proc_starttime(pid)
     if ticks is None:
         return None
     with open("/proc/stat") as fh:
         btime = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
-    return btime + ticks / float(os.sysconf("SC_CLK_TCK"))
+    return btime + ticks / _clk_tck()
+
+
+def clock_check(samples=20):
+    """How far each conversion puts a process's start from when it really started.
+
+    Each sample forks a ``sleep`` between two time.time() readings (the fork happens inside that
+    bracket) and converts its starttime both ways. Returns the signed error against the middle of
+    the bracket (median, and the largest in absolute value) per method, and the bracket's width.
+    """
+    errs = {"btime": [], "boottime": []}
+    widths = []
+    for dummy in range(samples):
+        t0 = time.time()
+        proc = subprocess.Popen(["sleep", "5"], stdin=subprocess.DEVNULL)
+        t1 = time.time()
+        try:
+            mid = (t0 + t1) / 2.0
+            widths.append(t1 - t0)
+            errs["btime"].append(proc_start_epoch_btime(proc.pid) - mid)
+            errs["boottime"].append(proc_start_epoch(proc.pid) - mid)
+        finally:
+            proc.kill()
+            proc.wait()
+    out = {"samples": samples, "bracket_s": median(widths), "clk_tck": _clk_tck()}
+    for key, vals in errs.items():
+        out[key] = {"median_s": median(vals), "max_abs_s": max(abs(v) for v in vals)}
+    return out
+
+
+def tree_cpu(pid):
+    """CPU seconds (user + system, with reaped children) of a live process and its live descendants."""
+    total, todo, seen = 0.0, [pid], set()
+    tck = _clk_tck()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open("/proc/%d/stat" % p, "rb") as fh:
+                data = fh.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        f = data[data.rfind(")") + 2:].split()
+        total += sum(int(x) for x in f[11:15]) / tck
+        try:
+            for tid in os.listdir("/proc/%d/task" % p):
+                with open("/proc/%d/task/%s/children" % (p, tid)) as fh:
+                    todo.extend(int(x) for x in fh.read().split())
+        except OSError:
+            pass
+    return total
 
 
 class Tracked(object):
@@ -191,6 +277,159 @@ def wait_http_ok(ports, timeout=120.0):
 
 
 # ---------------------------------------------------------------------------
+# Module runs, counted and timed on the node side
+# ---------------------------------------------------------------------------
+
+# The host's ansible_python_interpreter. Every module run (AnsiballZ, piped on stdin with pipelining)
+# goes through it: it runs the real interpreter as its child, waits, and writes one record per run
+# with the start and end (EPOCHREALTIME, us) and bash's `times` (the shell's own CPU, then that of its
+# waited-for children: the module process and everything it waited for, nvidia-smi included; a
+# server the module launched is not waited for and not counted). `times` runs in this shell with a
+# redirection, no subshell, so the children's figures are this shell's own. ~2 ms CPU per run.
+MODULE_WRAPPER = """#!/bin/bash
+# make bench: module interpreter wrapper (bench/_common.py)
+s=$EPOCHREALTIME
+{run}
+rc=$?
+e=$EPOCHREALTIME
+rec={recdir}/$$.rec
+printf '%s %s %s\\n' "$s" "$e" "$rc" >"$rec"
+times >>"$rec"
+exit $rc
+"""
+RUN_PLAIN = '{python} "$@"'
+# --profile: the module process runs under cProfile (<recdir>/<pid>.prof). The payload (piped with
+# pipelining) is saved to a file and run from a -c bootstrap, so that __main__ has no __file__ (AnsiballZ
+# strips the directory of __main__.__file__ from sys.path: with `-m cProfile` that is the stdlib).
+RUN_PROFILED = """src={recdir}/$$.py
+if [ $# -eq 0 ]; then cat >"$src"; else cp "$1" "$src"; fi
+{python} -c 'import cProfile, sys
+p, out = sys.argv[1], sys.argv[2]
+sys.argv = [p]
+cProfile.runctx(compile(open(p).read(), p, "exec"), {{"__name__": "__main__"}}, None, out)' "$src" {recdir}/$$.prof"""
+
+
+def write_module_wrapper(path, recdir, profile=False):
+    os.makedirs(recdir, exist_ok=True)
+    run = (RUN_PROFILED if profile else RUN_PLAIN).format(python=PYTHON, recdir=recdir)
+    with open(path, "w") as fh:
+        fh.write(MODULE_WRAPPER.format(run=run, recdir=recdir))
+    os.chmod(path, 0o755)
+    return path
+
+
+def _bash_seconds(text):
+    minutes, rest = text.rstrip("s").split("m")
+    return 60 * int(minutes) + float(rest)
+
+
+def read_module_runs(recdir, clear=True):
+    """The wrapper's records, oldest first: start, end, rc, cpu (the module tree), shell_cpu."""
+    runs = []
+    for name in sorted(os.listdir(recdir)) if os.path.isdir(recdir) else []:
+        if not name.endswith(".rec"):
+            continue
+        path = os.path.join(recdir, name)
+        with open(path) as fh:
+            lines = fh.read().split("\n")
+        try:
+            start, end, rc = lines[0].split()
+            own = [_bash_seconds(x) for x in lines[1].split()]
+            kids = [_bash_seconds(x) for x in lines[2].split()]
+        except (ValueError, IndexError):
+            continue
+        prof = path[:-4] + ".prof"
+        runs.append({"start": float(start), "end": float(end), "rc": int(rc), "cpu": sum(kids),
+                     "shell_cpu": sum(own), "prof": prof if os.path.exists(prof) else None})
+        if clear:
+            os.unlink(path)
+    runs.sort(key=lambda r: r["start"])
+    return runs
+
+
+def attach_module_runs(recs, runs):
+    """Give each task record of one host the module runs that started inside it (task start..end)."""
+    for r in recs:
+        r.setdefault("module_runs", [])
+    for run in runs:
+        owner = None
+        for r in recs:
+            if r.get("start") is not None and r["start"] - 0.01 <= run["start"] <= r["end"] + 0.01:
+                owner = r
+        if owner is not None:
+            owner["module_runs"].append(run)
+    return recs
+
+
+# ---------------------------------------------------------------------------
+# The servers' own stamps (SGLANG_LOG_MS=1: "[YYYY-mm-dd HH:MM:SS.mmm] message", local time)
+# ---------------------------------------------------------------------------
+
+LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})[^\]]*\] (.*)$")
+EVENTS = (
+    ("sigterm", "SIGTERM received. "),
+    ("ready", "The server is fired up and ready to roll!"),
+    ("weights_start", "Start update_weights"),
+    ("weights_end", "Update weights end."),
+    ("flushed", "Cache flushed successfully!"),
+)
+
+
+def server_events(paths, t0, t1):
+    """(epoch, kind) of the life-cycle lines logged in [t0, t1] in these log files, in time order."""
+    out = []
+    for path in paths:
+        try:
+            fh = open(path, errors="replace")
+        except OSError:
+            continue
+        with fh:
+            for line in fh:
+                m = LOG_LINE.match(line)
+                if not m:
+                    continue
+                kind = next((k for k, prefix in EVENTS if m.group(2).startswith(prefix)), None)
+                if kind is None:
+                    continue
+                at = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
+                if t0 <= at <= t1:
+                    out.append((at, kind))
+    out.sort()
+    return out
+
+
+def _first(events, kind, after):
+    return next((at for at, k in events if k == kind and at >= after), None)
+
+
+def outage_from_events(events, new_start):
+    """The users' outage of one redeploy, from the servers' stamps and the new server's process start.
+
+    restart: from the old server's "SIGTERM received" to the new server's "ready to roll" (the first one
+    logged after its process started); startup = ready - process start; added = process start - SIGTERM
+    (the old server's exit, the GPU and port checks, the spawn). weights: from "Start update_weights" to
+    "Update weights end." (or the cache flush that follows it). None when the lines are not there.
+    """
+    sig = _first(events, "sigterm", 0.0)
+    if sig is not None and new_start is not None:
+        ready = _first(events, "ready", new_start - 0.005)
+        if ready is None:
+            return None
+        return {"kind": "restart", "sigterm_at": sig, "new_start": new_start, "ready_at": ready,
+                "outage_s": ready - sig, "startup_s": ready - new_start, "added_s": new_start - sig}
+    start = _first(events, "weights_start", 0.0)
+    if start is not None:
+        end = _first(events, "weights_end", start)
+        if end is None:
+            return None
+        flushed = _first(events, "flushed", end)
+        if flushed is not None and flushed - end < 2.0:
+            end = flushed
+        return {"kind": "weights", "update_at": start, "outage_s": end - start}
+    return None
+
+
+# ---------------------------------------------------------------------------
 # ansible-playbook, measured
 # ---------------------------------------------------------------------------
 
@@ -222,18 +461,26 @@ def run_playbook(args, env, log_path, workdir, profile=False, cprofile=None):
     })
     if cprofile:
         env["GPUFLEET_BENCH_CPROFILE"] = cprofile
+    if profile:
+        env["GPUFLEET_BENCH_WORKER_PROFILE"] = timing.replace("timing-", "workers-")[:-5]
+        os.makedirs(env["GPUFLEET_BENCH_WORKER_PROFILE"])
     argv = [PYTHON, os.path.join(BENCH, "_playbook.py")] + list(args)
     cpu0 = children_cpu()
+    t0_epoch = time.time()
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         rc = subprocess.call(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     wall = time.monotonic() - t0
     cpu = children_cpu() - cpu0
-    out = {"rc": rc, "wall": wall, "cpu": cpu, "cpu_main": None, "timing": None, "log": log_path}
+    out = {"rc": rc, "wall": wall, "cpu": cpu, "cpu_main": None, "cpu_main_children": None, "workers": None,
+           "worker_profiles": env.get("GPUFLEET_BENCH_WORKER_PROFILE"),
+           "timing": None, "log": log_path, "t0": t0_epoch, "t1": t0_epoch + wall}
     if os.path.exists(rusage):
         with open(rusage) as fh:
             data = json.load(fh)
         out["cpu_main"] = data["self"]
+        out["cpu_main_children"] = data.get("children")
+        out["workers"] = data.get("workers")
     if os.path.exists(timing):
         with open(timing) as fh:
             out["timing"] = [json.loads(line) for line in fh if line.strip()]

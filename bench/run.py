@@ -1,7 +1,9 @@
-"""`make bench`: the teardown benchmark and the fleet benchmark.
+"""`make bench`: the clock check, the outage benchmark, the teardown benchmark, the fleet benchmark and the
+node oracle's cost, then the ratios of this run against the goals.
 
-    .venv/bin/python bench/run.py [--only teardown|fleet] [--runs N] [--sizes 1,8,32]
-                                  [--fleet-runs N] [--profile] [--playbook PATH] [--keep]
+    .venv/bin/python bench/run.py [--only clock,outage,teardown,fleet,oracle] [--outage-runs N] [--runs N]
+                                  [--sizes 1,8,32] [--fleet-runs N] [--oracle newest|all|none]
+                                  [--profile] [--playbook PATH] [--keep]
 
 Prints tables and writes bench/results/<UTC timestamp>.json. Every process the
 benchmark starts (simulated holders, fake SGLang servers, the servers the
@@ -22,21 +24,41 @@ import time
 
 import _common as c
 
+PARTS = ("clock", "outage", "teardown", "fleet", "oracle")
+
+# Goals of issue 15 (and the per-host counts of its "what to build").
+GOAL_ADDED_S = 1.0
+GOAL_ADDED_VS_MANUAL = 0.3
+GOAL_OVERHEAD_S = 5.0
+GOAL_CTRL_CPU_32 = 2.0
+GOAL_WALL_32_VS_1 = 4.0
+GOAL_MODULE_RUNS = 5
+GOAL_TASKS = 40
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["teardown", "fleet"], help="run one benchmark only")
-    ap.add_argument("--runs", type=int, default=5, help="teardown runs per case (median; default 5)")
+    ap.add_argument("--only", help="comma-separated parts to run (default all): %s" % ",".join(PARTS))
+    ap.add_argument("--outage-runs", type=int, default=3,
+                    help="outage rounds (restart, weights, manual each; median; default 3)")
+    ap.add_argument("--runs", type=int, default=3, help="teardown runs per case (median; default 3)")
     ap.add_argument("--sizes", default="1,8,32", help="fleet sizes, comma-separated (default 1,8,32)")
     ap.add_argument("--fleet-runs", type=int, default=1, help="timed redeploys per fleet size (default 1)")
+    ap.add_argument("--oracle", choices=["newest", "all", "none"], default="newest",
+                    help="oracle cost: the fake SGLang and the newest installed real release (default), every "
+                         "installed release, or none")
     ap.add_argument("--profile", action="store_true",
                     help="fleet: also enable profile_tasks/profile_roles and cProfile the controller process")
     ap.add_argument("--playbook", default=os.path.join(c.REPO, "playbooks", "redeploy.yml"),
-                    help="fleet: the redeploy playbook to time (default playbooks/redeploy.yml)")
+                    help="outage/fleet: the redeploy playbook to time (default playbooks/redeploy.yml)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (.cache/bench/<timestamp>)")
     opts = ap.parse_args(argv)
-    if opts.runs < 1 or opts.fleet_runs < 1:
-        ap.error("--runs and --fleet-runs must be >= 1")
+    if opts.runs < 1 or opts.fleet_runs < 1 or opts.outage_runs < 1:
+        ap.error("--runs, --outage-runs and --fleet-runs must be >= 1")
+    opts.parts = PARTS if not opts.only else tuple(p.strip() for p in opts.only.split(",") if p.strip())
+    unknown = [p for p in opts.parts if p not in PARTS]
+    if unknown:
+        ap.error("--only: unknown part(s) %s; choose from %s" % (", ".join(unknown), ",".join(PARTS)))
     try:
         opts.sizes = [int(s) for s in opts.sizes.split(",") if s.strip()]
     except ValueError:
@@ -44,6 +66,155 @@ def parse_args(argv=None):
     if not opts.sizes or min(opts.sizes) < 1:
         ap.error("--sizes takes positive host counts")
     return opts
+
+
+def clock_report(res):
+    return "\n".join([
+        "Clock: where a process's start lands, against a bracket of time.time() around its fork (%d forks, bracket %.1f ms)"
+        % (res["samples"], 1000 * res["bracket_s"]),
+        c.table(["conversion of /proc/<pid>/stat starttime", "median error ms", "max |error| ms"], [
+            ["before: btime (/proc/stat, whole seconds) + ticks / %d" % res["clk_tck"],
+             c.fmt(1000 * res["btime"]["median_s"], 1), c.fmt(1000 * res["btime"]["max_abs_s"], 1)],
+            ["after: time.time() - CLOCK_BOOTTIME + (ticks + 0.5) / %d" % res["clk_tck"],
+             c.fmt(1000 * res["boottime"]["median_s"], 1), c.fmt(1000 * res["boottime"]["max_abs_s"], 1)],
+        ]),
+    ])
+
+
+def oracle_wired():
+    """Whether the preflight calls the node's SGLang (the oracle) yet: its module_utils name the runner."""
+    names = ("resolve_on_node", "plan_resolution")
+    for rel in ("plugins/module_utils/plan.py", "plugins/module_utils/preflight.py", "plugins/modules/sglang_preflight.py"):
+        try:
+            with open(os.path.join(c.REPO, rel)) as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        if any(n in text for n in names):
+            return True
+    return False
+
+
+def run_oracle(opts):
+    """The oracle's cost per host with H1's bench/oracle.py (measure: one preflight call, the import, per config)."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+    try:
+        import oracle as oracle_bench  # pylint: disable=import-outside-toplevel
+        # tests/differential is on sys.path once bench/oracle.py is imported
+        import cases as cases_mod  # pylint: disable=import-outside-toplevel
+    except ImportError as exc:
+        return {"missing": "the oracle's bench (bench/oracle.py) or its runner cannot be imported: %s" % exc}
+    hosts = oracle_bench._hosts()  # pylint: disable=protected-access
+    if opts.oracle == "newest":
+        hosts = hosts[:1] + hosts[-1:] if len(hosts) > 1 else hosts
+    model = cases_mod.write_models(tempfile.mkdtemp(prefix="bench-oracle-", dir=os.path.join(c.REPO, ".cache")))["llama"]
+    rows = []
+    for label, python, env in hosts:
+        load = c.loadavg()
+        try:
+            row = oracle_bench.measure(label, python, env, model, 1, 20)
+        except Exception as exc:  # pylint: disable=broad-except
+            row = {"host": label, "error": str(exc)[:300]}
+        row["load"] = load
+        rows.append(row)
+        print("  oracle %-44s import %s s, one preflight call %s s, per config %s ms, load %.1f" % (
+            label, c.fmt(row.get("import_s")), c.fmt(row.get("single_s")), c.fmt(row.get("per_config_ms"), 1), load[0]),
+            flush=True)
+    shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+    releases = len(oracle_bench._hosts()) - 1  # pylint: disable=protected-access
+    return {"rows": rows, "wired": oracle_wired(), "real_releases_installed": releases}
+
+
+def oracle_report(res):
+    if "missing" in res:
+        return "Oracle: missing (%s)" % res["missing"]
+    rows = [[r["host"], c.fmt(r.get("import_s")), c.fmt(r.get("per_config_ms"), 1), c.fmt(r.get("single_s")),
+             r.get("error", "")[:60]] for r in res["rows"]]
+    lines = ["Oracle: the node's SGLang resolving the args (bench/oracle.py; one host's preflight pays 'one call')",
+             c.table(["SGLang", "import s", "per config ms", "one call s", "error"], rows)]
+    if not res["real_releases_installed"]:
+        lines.append("(no real release is installed here: `scripts/run-tests.py differential` installs them)")
+    lines.append("(the preflight %s the oracle yet: %s)" % (
+        "calls" if res["wired"] else "does not call",
+        "the fleet figures include it" if res["wired"] else "the fleet figures do not include it"))
+    return "\n".join(lines)
+
+
+def _size(result, size, case="change"):
+    return next((s for s in result.get("fleet", {}).get("sizes", []) if s["size"] == size and s["case"] == case), None)
+
+
+def goals(result):
+    """The ratios of this run and the goals of issue 15, met or missed."""
+    rows = []
+
+    def add(what, value, goal, met, note=""):
+        rows.append([what, value, goal, "-" if met is None else ("met" if met else "MISSED"), note])
+
+    out = result.get("outage", {}).get("summary")
+    if out:
+        added, manual = out.get("ours_added_s"), out.get("manual_added_s")
+        add("outage added beyond startup, ours", c.fmt(added, 2, " s"), "<= %.1f s" % GOAL_ADDED_S,
+            None if added is None else added <= GOAL_ADDED_S, "max %s s" % c.fmt(out.get("ours_added_max_s")))
+        add("  ours / manual sequence", c.fmt(out.get("added_ratio")), "<= %.1f" % GOAL_ADDED_VS_MANUAL,
+            None if out.get("added_ratio") is None else out["added_ratio"] <= GOAL_ADDED_VS_MANUAL,
+            "manual adds %s s" % c.fmt(manual))
+        add("outage ours / manual (whole window)", c.fmt(out.get("outage_ratio")), "", None,
+            "%s s / %s s" % (c.fmt(out.get("ours_outage_s")), c.fmt(out.get("manual_outage_s"))))
+        add("weight-only / restart outage, same node", c.fmt(out.get("weights_ratio")), "", None,
+            "%s s / %s s" % (c.fmt(out.get("weights_outage_s")), c.fmt(out.get("ours_outage_s"))))
+        add("1-host overhead (wall - intrinsic)", c.fmt(out.get("overhead_s"), 2, " s"), "<= %.0f s" % GOAL_OVERHEAD_S,
+            None if out.get("overhead_s") is None else out["overhead_s"] <= GOAL_OVERHEAD_S,
+            "wall %s s - intrinsic %s s" % (c.fmt(out.get("restart_wall_s"), 1), c.fmt(out.get("intrinsic_s"), 2)))
+        add("module runs per host (restart)", c.fmt(out.get("module_runs"), 0), "<= %d" % GOAL_MODULE_RUNS,
+            None if out.get("module_runs") is None else out["module_runs"] <= GOAL_MODULE_RUNS,
+            "weight-only: %s" % c.fmt(out.get("weights_module_runs"), 0))
+        add("tasks per host, executed + skipped", "%s + %s" % (c.fmt(out.get("executed"), 0), c.fmt(out.get("skipped"), 0)),
+            "<= %d" % GOAL_TASKS, None if out.get("tasks") is None else out["tasks"] <= GOAL_TASKS,
+            "%s fork workers" % c.fmt(out.get("fork_workers"), 0))
+        split = "%s / %s s" % (c.fmt(out.get("cpu_controller")), c.fmt(out.get("cpu_modules")))
+        add("CPU per host, 1 host: controller / modules", split, "", None,
+            "main process alone %s s" % c.fmt(out.get("cpu_main")))
+    one, big = _size(result, 1), _size(result, 32)
+    for s in result.get("fleet", {}).get("sizes", []):
+        if s["case"] != "change":
+            continue
+        note = "main %s s, modules %s s" % (c.fmt(s["cpu_main_per_host"]), c.fmt(s["cpu_modules_per_host"]))
+        if s["size"] == 32:
+            add("controller CPU per host, 32 hosts", c.fmt(s["cpu_controller_per_host"], 2, " s"),
+                "<= %.0f s" % GOAL_CTRL_CPU_32, s["cpu_controller_per_host"] <= GOAL_CTRL_CPU_32, note)
+        else:
+            add("controller CPU per host, %d host(s)" % s["size"], c.fmt(s["cpu_controller_per_host"], 2, " s"), "", None,
+                note)
+    for s in result.get("fleet", {}).get("sizes", []):
+        if s["case"] != "change" or s["size"] == 1 or not s.get("wall_vs_1"):
+            continue
+        add("%d hosts wall / 1-host wall (change)" % s["size"], c.fmt(s["wall_vs_1"]),
+            "<= %.0f" % GOAL_WALL_32_VS_1 if s["size"] == 32 else "",
+            (s["wall_vs_1"] <= GOAL_WALL_32_VS_1) if s["size"] == 32 else None,
+            "%s s vs %s s, load %s" % (c.fmt(s["wall"], 1), c.fmt(one["wall"], 1) if one else "-", c.fmt(s["load_1min"], 1)))
+    if one and big:
+        est = estimate_cores(one, big, 4)
+        value = "%s s = %s x 1-host" % (c.fmt(est["wall"], 0), c.fmt(est["ratio"]))
+        rows.append(["4-core controller, 32 hosts (ESTIMATE)", value,
+                     "<= %.0f" % GOAL_WALL_32_VS_1, "estimate",
+                     "max(1-host wall, main CPU, all CPU %s s / 4)" % c.fmt(est["cpu"], 0)])
+    return rows
+
+
+def estimate_cores(one, big, cores):
+    """32-host wall on ``cores`` cores, from the measured CPU: no faster than the 1-host wall (the critical path),
+    than the single-threaded main process, or than all the run's CPU (playbook tree + the servers it started)
+    spread over every core. An estimate, not a measurement."""
+    run = big["runs"][0]
+    cpu = run["cpu"] + (run.get("server_cpu") or 0.0)
+    wall = max(one["wall"], run["cpu_main"] or 0.0, cpu / cores)
+    return {"wall": wall, "ratio": wall / one["wall"], "cpu": cpu, "cores": cores}
+
+
+def goals_report(rows):
+    return "\n".join(["Ratios of this run, against the goals (issue 15)",
+                      c.table(["figure", "value", "goal", "", "note"], rows)])
 
 
 def main(argv=None):
@@ -61,25 +232,43 @@ def main(argv=None):
     result = {
         "timestamp": stamp,
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_start": c.loadavg()},
-        "workdir": workdir,
+        "workdir": workdir, "parts": list(opts.parts),
     }
     started = time.monotonic()
     print("make bench: %d CPUs, load average %s (other jobs on this machine make the figures noisy)"
           % (os.cpu_count(), " ".join("%.2f" % x for x in c.loadavg())), flush=True)
     texts = []
-    if opts.only in (None, "teardown"):
+    if "clock" in opts.parts:
+        result["clock"] = c.clock_check()
+        texts.append(clock_report(result["clock"]))
+        print("\n" + texts[-1], flush=True)
+    if "outage" in opts.parts:
+        import outage  # pylint: disable=import-outside-toplevel
+        print("\n== outage benchmark (%d rounds)" % opts.outage_runs, flush=True)
+        result["outage"] = outage.run(opts, workdir)
+        texts.append(outage.report(result["outage"]))
+        print("\n" + texts[-1], flush=True)
+    if "teardown" in opts.parts:
         import teardown  # pylint: disable=import-outside-toplevel
         print("\n== teardown benchmark (%d runs per case)" % opts.runs, flush=True)
         result["teardown"] = teardown.run(opts, workdir)
         texts.append(teardown.report(result["teardown"]))
         print("\n" + texts[-1], flush=True)
-    if opts.only in (None, "fleet"):
+    if "fleet" in opts.parts:
         import fleet  # pylint: disable=import-outside-toplevel
         print("\n== fleet benchmark (sizes %s)" % ",".join(map(str, opts.sizes)), flush=True)
         result["fleet"] = fleet.run(opts, workdir)
         texts.append(fleet.report(result["fleet"]))
         print("\n" + texts[-1], flush=True)
+    if "oracle" in opts.parts and opts.oracle != "none":
+        print("\n== oracle cost", flush=True)
+        result["oracle"] = run_oracle(opts)
+        texts.append(oracle_report(result["oracle"]))
+        print("\n" + texts[-1], flush=True)
     c.REGISTRY.stop()
+    result["goals"] = goals(result)
+    if result["goals"]:
+        print("\n" + goals_report(result["goals"]), flush=True)
     result["host"]["load_end"] = c.loadavg()
     result["duration_s"] = round(time.monotonic() - started, 1)
     outdir = os.path.join(c.REPO, "bench", "results")
@@ -94,6 +283,7 @@ def main(argv=None):
         ("; work directory kept: %s" % os.path.relpath(workdir, c.REPO)) if opts.keep else ""))
     failed = any(case["summary"]["ansible_failures"] for case in result.get("teardown", {}).get("cases", {}).values())
     failed = failed or any(size.get("failed") for size in result.get("fleet", {}).get("sizes", []))
+    failed = failed or bool(result.get("outage", {}).get("summary", {}).get("failures"))
     return 1 if failed else 0
 
 

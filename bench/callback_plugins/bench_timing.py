@@ -83,6 +83,18 @@ class CallbackModule(CallbackBase):
                 rec[key] = _plain(res[key])
         if "action" in res:
             rec["result_action"] = _plain(res["action"])
+        for key in ("timings", "steps", "torn_down"):
+            if key in res:
+                rec[key] = _plain(res[key])
+        launch = res.get("launch")
+        if isinstance(launch, dict):
+            rec["launch"] = {"pid": _plain(launch.get("pid")), "startup_s": _plain(launch.get("startup_s"))}
+        weights = res.get("weights")
+        if isinstance(weights, dict):
+            rec["weights"] = {"timings": _plain(weights.get("timings")), "changed": _plain(weights.get("changed"))}
+        plan = res.get("plan")
+        if isinstance(plan, dict) and "action" in plan:
+            rec["plan_action"] = _plain(plan.get("action"))
         if "signalled" in res:
             rec["signalled"] = [{"pid": _plain(s.get("pid")), "seconds_to_exit": _plain(s.get("seconds_to_exit")),
                                  "signals": _plain(s.get("signals"))} for s in res["signalled"] or []]
