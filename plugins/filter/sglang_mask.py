@@ -15,7 +15,7 @@ description:
   - In dicts (at any depth), a value is secret when the last part of its key is C(key), C(token),
     C(secret), C(password) or similar, or any part names a password or secret, for example C(api_key),
     C(admin_api_key) or C(hf_token); C(speculative_token_map) is not a secret. SGLang's C(/server_info) returns C(api_key)
-    in clear (sglang.md section 2.1), so pass server info through this filter before showing it.
+    in clear (docs/reference/sglang-processes.md, Secrets), so pass server info through this filter before showing it.
   - In lists of strings (argv, numbers allowed among them), the value after a secret flag such as
     C(--api-key), C(--hf-token) or C(--admin-api-key) is masked, and so is the value part of C(--api-key=VALUE).
   - Inside strings, C(key='value') assignments with a secret key, C(--api-key VALUE), C(HF_TOKEN=VALUE)

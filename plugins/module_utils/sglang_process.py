@@ -283,7 +283,7 @@ def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, te
 
     The tree (``tree()``: descendants and session members) is pinned by PID
     and start time; ``term_signal`` goes to the main process only (SGLang
-    drains and tears its children down itself, sglang.md section 3.2); the
+    drains and tears its children down itself, docs/reference/sglang-processes.md, Signals); the
     rest get ``orphan_grace`` seconds once it is gone, at most ``timeout`` in
     all; then SIGKILL for each survivor and the members that appeared
     meanwhile, and up to ``kill_grace`` seconds more.

@@ -1,7 +1,7 @@
 """Launch the (fake) inference server: ``python -m sglang.launch_server <flags>``.
 
 Mirrors ``sglang/launch_server.py``: parse the arguments, resolve them, run
-the server inside a ``finally`` that kills the process tree (sglang.md §5).
+the server inside a ``finally`` that kills the process tree (docs/reference/sglang-processes.md, Config file).
 """
 import os
 import sys

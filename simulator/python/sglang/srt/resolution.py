@@ -1,6 +1,6 @@
 """Argument resolution of the fake server: the simulator's OWN implementation.
 
-It reproduces the rules of sglang.md §1.2-§1.10 for the emulated releases
+It reproduces the rules of docs/reference/sglang-rules.md for the emulated releases
 0.4.6.post5, 0.4.10.post2, 0.5.1, 0.5.10 and 0.5.23, written after the real
 code paths (cited per function) so that the same inputs fail in the same way:
 ValueErrors with the real messages, the bare ``AssertionError`` when topk or

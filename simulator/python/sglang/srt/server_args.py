@@ -133,7 +133,7 @@ def build_parser(version_tuple) -> argparse.ArgumentParser:
 
 
 # --------------------------------------------------------------------------
-# --config merging (utils/server_args_config_parser.py, sglang.md §5)
+# --config merging (utils/server_args_config_parser.py, docs/reference/sglang-processes.md, Config file)
 # --------------------------------------------------------------------------
 def _config_keys(action) -> set:
     return {action.dest} | {o[2:].replace("-", "_") for o in action.option_strings
@@ -244,7 +244,7 @@ class ServerArgs:
     """The parsed record: attribute access over a dict of every field.
 
     ``raw`` keeps what the operator gave (after argparse defaults); resolution
-    writes effective values into ``values`` (sglang.md §1.1: raw versus
+    writes effective values into ``values`` (docs/reference/sglang-rules.md: raw versus
     resolved values; ``/server_info`` reports resolved ones).
     """
 
@@ -323,7 +323,7 @@ class ServerArgs:
     def __repr__(self) -> str:
         # 0.5.23 logs the resolved dict (engine.py:173-174, 1185); older
         # releases log the dataclass repr.  Both include api_key
-        # (sglang.md §2.1 "Secrets").
+        # (docs/reference/sglang-processes.md, Secrets).
         hidden = ("watermark_key", "watermark_key_b", "watermark_config")
         if self._style == "dict":
             return repr({k: v for k, v in self.values.items() if k not in hidden})

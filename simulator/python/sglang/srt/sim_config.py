@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-# Emulated SGLang releases (sglang.md §1.9).  Short names are accepted too.
+# Emulated SGLang releases (docs/reference/sglang-rules.md, Versions).  Short names are accepted too.
 VERSION_NAMES = {
     "0.4.6": "0.4.6.post5",
     "0.4.6.post5": "0.4.6.post5",

@@ -44,7 +44,7 @@ def _libc():
 
 
 def kill_itself_when_parent_died() -> None:
-    """prctl(PR_SET_PDEATHSIG, SIGKILL), as utils/common.py:3432-3449 (sglang.md §3.2)."""
+    """prctl(PR_SET_PDEATHSIG, SIGKILL), as utils/common.py:3432-3449 (docs/reference/sglang-processes.md, Signals)."""
     if sys.platform.startswith("linux"):
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 

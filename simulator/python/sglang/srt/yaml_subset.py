@@ -1,6 +1,6 @@
 """A tiny YAML reader for ``--config`` files (no PyYAML on the targets).
 
-Real SGLang reads the file with ``yaml.safe_load`` (sglang.md §5,
+Real SGLang reads the file with ``yaml.safe_load`` (docs/reference/sglang-processes.md, Config file,
 ``utils/server_args_config_parser.py``).  This reader covers the subset a
 server config uses and follows PyYAML's ``safe_load`` typing for it:
 

@@ -33,7 +33,7 @@ def ansible_env(tmp_path):
         "ANSIBLE_LOCALHOST_WARNING": "0",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
         "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+        "ANSIBLE_STDOUT_CALLBACK": "json",
         "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
     })
     return env

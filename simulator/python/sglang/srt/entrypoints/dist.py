@@ -4,7 +4,7 @@ Stands in for the torch.distributed TCPStore that rank 0 hosts: node rank 0
 listens on ``host:port``; every other rank connects, says ``hello <rank>``,
 then ``ready`` once its schedulers hold their GPUs.  Rank 0 serves only when
 all ``nnodes - 1`` ranks are ready.  On a graceful 0.5.23 shutdown rank 0
-sends ``shutdown`` (the ShutdownReq broadcast, sglang.md §3.2) and the other
+sends ``shutdown`` (the ShutdownReq broadcast, docs/reference/sglang-processes.md, Signals) and the other
 ranks stop their schedulers and exit.  When rank 0 dies without sending it
 (SIGKILL, or the SIGKILL-based shutdown of 0.4.6-0.5.10) the connection just
 drops: the other ranks log it and keep their GPUs (§3.4 item 4).

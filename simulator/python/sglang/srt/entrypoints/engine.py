@@ -1,4 +1,4 @@
-"""Main-process life cycle of the fake server (sglang.md §3).
+"""Main-process life cycle of the fake server (docs/reference/sglang-processes.md).
 
 Process tree (§3.1): the main process keeps its cmdline (``python -m
 sglang.launch_server ...``); it starts one ``sglang::scheduler[_DP<d>][_TP<n>]``

@@ -1,4 +1,4 @@
-"""HTTP API of the fake server (sglang.md §2), on ``http.server``.
+"""HTTP API of the fake server (docs/reference/sglang-processes.md, HTTP endpoints), on ``http.server``.
 
 ``ThreadingHTTPServer`` with HTTP/1.1 keep-alive (the real router keeps
 connections open), one thread per connection, so requests run concurrently.

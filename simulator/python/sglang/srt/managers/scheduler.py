@@ -2,7 +2,7 @@
 
 Started by the main process with ``utils.spawn_child`` (argv == [title]).
 It holds the simulated GPU memory of its TP rank through ``gpusim``
-(sglang.md §3.1: "They hold the GPU memory"), in two steps like the real
+(docs/reference/sglang-processes.md, Process tree: "They hold the GPU memory"), in two steps like the real
 loader: weights first, then the KV cache plus CUDA graphs/context.  Protocol
 with the parent (JSON lines over an inherited socketpair):
 

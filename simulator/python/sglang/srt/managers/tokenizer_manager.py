@@ -4,7 +4,7 @@ Runs in the main process.  Requests are served by HTTP handler threads; each
 ``generate`` call really takes ``verify_steps * step_seconds * TIME_SCALE``
 wall seconds (``spec_model``), counts as running while it holds one of the
 ``max_running_requests`` slots of its DP rank and as waiting before that, so
-``/v1/loads``, ``/metrics`` and the SIGTERM drain (sglang.md §3.2) see real
+``/v1/loads``, ``/metrics`` and the SIGTERM drain (docs/reference/sglang-processes.md, Signals) see real
 in-flight numbers.  Reported latencies and throughputs are in *simulated*
 seconds (wall time / ``SGLANG_SIM_TIME_SCALE``), so they do not depend on the
 time scale used by a test.
