@@ -70,7 +70,8 @@ class LaunchError(Exception):
         self.extra = extra
 
 
-def _uid(name):
+def uid_of(name):
+    """A user name or numeric id -> uid (KeyError for an unknown name)."""
     import pwd
     try:
         return int(name)
@@ -78,7 +79,8 @@ def _uid(name):
         return pwd.getpwnam(name).pw_uid
 
 
-def _gid(name):
+def gid_of(name):
+    """A group name or numeric id -> gid (KeyError for an unknown name)."""
     import grp
     try:
         return int(name)
@@ -514,8 +516,8 @@ class Launcher(object):
             sp.write_private(self.config_path, self.config_text, mode=0o600)
             if self.manager == "systemd" and (self.p["user"] or self.p["group"]):
                 # The server reads its --config file as the service user.
-                os.chown(self.config_path, _uid(self.p["user"]) if self.p["user"] else -1,
-                         _gid(self.p["group"]) if self.p["group"] else -1)
+                os.chown(self.config_path, uid_of(self.p["user"]) if self.p["user"] else -1,
+                         gid_of(self.p["group"]) if self.p["group"] else -1)
         if self.secret_env and self.manager == "systemd":
             sp.write_private(self.env_file, unit_mod.env_file_text(self.secret_env), mode=0o600)
         changed = False

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import json
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import versions
+
 CRASH = "decode_crash"        # the decode server dies on the first transfer
 FAILS = "request_fails"       # each request through the pair fails (HTTP 500)
 SILENT = "silent"             # no error: wrong KV or wrong answers
@@ -50,17 +52,7 @@ _DTYPE_ALIASES = {"bf16": "bfloat16", "half": "float16", "float": "float32", "fp
 
 
 def _vt(version):
-    parts = []
-    for piece in str(version or "0.5.23").split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        parts.append(int(digits) if digits else 0)
-    while len(parts) < 3:
-        parts.append(0)
-    return tuple(parts)
+    return versions.release_tuple(version, default="0.5.23")
 
 
 def layout_fields(version="0.5.23"):

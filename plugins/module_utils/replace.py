@@ -13,9 +13,7 @@ launch the same engine as ``sglang_launch`` (``launcher.py``).
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import signal
 import time
 
@@ -570,9 +568,9 @@ class Replace(object):
         mode = int(str(spec.get("mode") or "0750"), 8)
         uid = gid = -1
         if spec.get("owner"):
-            uid = _uid(spec["owner"])
+            uid = launch_mod.uid_of(spec["owner"])
         if spec.get("group"):
-            gid = _gid(spec["group"])
+            gid = launch_mod.gid_of(spec["group"])
         made = []
         for path in paths:
             if not os.path.isdir(path):
@@ -591,20 +589,6 @@ class Replace(object):
 
     def finish(self):
         return self.finish_result()
-
-
-def _uid(name):
-    try:
-        return int(name)
-    except ValueError:
-        return pwd.getpwnam(name).pw_uid
-
-
-def _gid(name):
-    try:
-        return int(name)
-    except ValueError:
-        return grp.getgrnam(name).gr_gid
 
 
 def _signalled_line(items):

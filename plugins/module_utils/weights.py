@@ -51,6 +51,7 @@ import os
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import versions
 
 WEIGHTS = "weights"
 RESTART = "restart"
@@ -133,20 +134,6 @@ def _canon(value):
 
 def _args(args):
     return dict((_norm_key(k), v) for k, v in (args or {}).items())
-
-
-def _version_tuple(version):
-    parts = []
-    for piece in str(version or "").split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        parts.append(int(digits) if digits else 0)
-    while len(parts) < 3:
-        parts.append(0)
-    return tuple(parts)
 
 
 def _show(value):
@@ -257,7 +244,7 @@ def weights_plan(running_args, intended_args, running_model_config=None, new_mod
     reasons = []
     notes = []
     differences = []
-    if _version_tuple(version) < MIN_VERSION:
+    if versions.release_tuple(version) < MIN_VERSION:
         reasons.append("SGLang %s cannot verify an in-place update: per-rank /weights_checker checksums arrived in "
                        "0.5.23 (0.5.10 can only snapshot the whole model into host memory)" % version)
     for key in sorted(set(old) | set(new)):

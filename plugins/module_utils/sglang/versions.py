@@ -60,6 +60,25 @@ def parse_version(version):
     return release, is_final
 
 
+def release_tuple(version, default="0.0.0"):
+    """``(major, minor, patch)`` of a version string, leniently: the leading digits of its first three parts.
+
+    For comparisons with a threshold where a bad string must not raise (``0.5.23rc1`` -> (0, 5, 23), ``""``
+    -> ``default``); use parse_version to validate.
+    """
+    parts = []
+    for piece in str(version or default).split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        parts.append(int(digits) if digits else 0)
+    while len(parts) < 3:
+        parts.append(0)
+    return tuple(parts)
+
+
 def version_key(version):
     """A sort key: the release tuple, then 1 for a final release, 0 before it."""
     release, is_final = parse_version(version)

@@ -113,3 +113,14 @@ def test_a_post_release_of_the_same_version_is_the_same_release():
 def test_an_unknown_source_is_refused(model):
     with pytest.raises(ValueError, match="resolution must be one of auto, node, mirror"):
         _resolve(model, {}, source="sometimes")
+
+
+def test_release_tuple_is_lenient_for_thresholds():
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import versions
+    assert versions.release_tuple("0.5.23") == (0, 5, 23)
+    assert versions.release_tuple("0.4.6.post5") == (0, 4, 6)
+    assert versions.release_tuple("0.5.23rc1") == (0, 5, 23)
+    assert versions.release_tuple("0.5") == (0, 5, 0)
+    assert versions.release_tuple("") == (0, 0, 0)
+    assert versions.release_tuple(None, default="0.5.23") == (0, 5, 23)
+    assert versions.release_tuple("garbage") == (0, 0, 0)
