@@ -318,6 +318,39 @@ def write_module_wrapper(path, recdir, profile=False):
     return path
 
 
+# The nodes' nvidia-smi: the simulator's, with one line per call ("<start> <end> <args>", epoch seconds)
+# appended after the call, to count the calls and place them against the outage window.
+TIMED_SMI = """#!/bin/bash
+s=$EPOCHREALTIME
+{smi} "$@"
+rc=$?
+printf '%s %s %s\\n' "$s" "$EPOCHREALTIME" "$*" >>{log}
+exit $rc
+"""
+
+
+def write_timed_smi(path, log):
+    with open(path, "w") as fh:
+        fh.write(TIMED_SMI.format(smi=NVIDIA_SMI, log=log))
+    os.chmod(path, 0o755)
+    return path
+
+
+def read_smi_calls(log, clear=True):
+    calls = []
+    try:
+        with open(log) as fh:
+            for line in fh:
+                parts = line.split(" ", 2)
+                if len(parts) >= 2:
+                    calls.append((float(parts[0]), float(parts[1]), parts[2].strip() if len(parts) > 2 else ""))
+    except (OSError, ValueError):
+        return calls
+    if clear:
+        os.unlink(log)
+    return calls
+
+
 def _bash_seconds(text):
     minutes, rest = text.rstrip("s").split("m")
     return 60 * int(minutes) + float(rest)

@@ -95,6 +95,7 @@ def write_inventory(path, hosts, models, server_extra_env=None, plain=False):
             "          sglang_server_state_dir: %s" % h["state"],
             "          sglang_server_log_file: %s" % h["log"],
             "          sglang_server_port: %d" % h["port"],
+            "          sglang_server_nvidia_smi: %s" % h["smi"],
             "          sglang_server_env:",
         ] + ["            %s: %s" % (k, json.dumps(v)) for k, v in sorted(env.items())]
     lines += [
@@ -147,10 +148,12 @@ def make_hosts(base, size, prefix="node", profile=False):
         h = {"name": name, "dir": d, "root": os.path.join(d, "node"), "state": os.path.join(d, "state"),
              "etc": os.path.join(d, "etc"), "log": os.path.join(d, "log", "server.log"),
              "incident_log": os.path.join(d, "log", "incident.log"), "port": port,
-             "wrapper": os.path.join(d, "python"), "recdir": os.path.join(d, "module-runs")}
+             "wrapper": os.path.join(d, "python"), "recdir": os.path.join(d, "module-runs"),
+             "smi": os.path.join(d, "nvidia-smi"), "smi_log": os.path.join(d, "smi-calls.log")}
         for sub in ("state", "etc", "log"):
             os.makedirs(os.path.join(d, sub))
         c.write_module_wrapper(h["wrapper"], h["recdir"], profile=profile)
+        c.write_timed_smi(h["smi"], h["smi_log"])
         Node.create(h["root"], gpus=1, model="H200")
         hosts.append(h)
     return hosts
@@ -192,7 +195,7 @@ def _is_module_task(r):
     return r["status"] != "skipped" and not r["action"].startswith(CONTROLLER_ACTIONS)
 
 
-def analyse_host(h, recs, module_runs, t0, t1):
+def analyse_host(h, recs, module_runs, t0, t1, smi_calls=()):
     """One host's tasks, module runs, intrinsic waits and outage for the run in [t0, t1]."""
     c.attach_module_runs(recs, module_runs)
     out = {"host": h["name"], "tasks": len(recs), "skipped": sum(1 for r in recs if r["status"] == "skipped"),
@@ -215,6 +218,11 @@ def analyse_host(h, recs, module_runs, t0, t1):
     out["new_start"] = started
     events = c.server_events([h["incident_log"], h["log"]], t0, t1 + 1)
     out["outage"] = c.outage_from_events(events, started)
+    if out["outage"] and out["outage"]["kind"] == "restart":
+        # What the old clock (btime, whole seconds) would have said, to show what the fix changed.
+        old = c.outage_from_events(events, c.proc_start_epoch_btime(int(out["pid"])))
+        if old and old["kind"] == "restart":
+            out["outage"].update(startup_s_btime=old["startup_s"], added_s_btime=old["added_s"])
     out["startup_s"] = out["outage"].get("startup_s") if out["outage"] else None
     if out["startup_s"] is None:
         out["startup_s"] = 0.0 if out["torn_down"] is False else (out["startup_s_module"] or 0.0)
@@ -223,7 +231,18 @@ def analyse_host(h, recs, module_runs, t0, t1):
         out["intrinsic_s"] += out["outage"]["outage_s"]       # the update itself (reading the checkpoint)
     if recs:
         out["span"] = max(r["end"] for r in recs) - min(r["start"] or r["end"] for r in recs)
+    out["smi_calls"] = len(smi_calls)
+    out["smi_s"] = sum(e - s for s, e, dummy in smi_calls)
+    o = out["outage"]
+    if o and o["kind"] == "restart":
+        inside = [(s, e, a) for s, e, a in smi_calls if o["sigterm_at"] <= s <= o["new_start"]]
+        o.update(smi_calls_in_window=len(inside), smi_s_in_window=sum(e - s for s, e, dummy in inside),
+                 smi_in_window=[{"after_sigterm_s": round(s - o["sigterm_at"], 3), "s": round(e - s, 3), "args": a}
+                                for s, e, a in inside])
     out["breakdown"] = breakdown(recs, t0, t1, out["intrinsic_s"])
+    sources = [r.get("resolution_source") for r in recs if r["action"].endswith("sglang_preflight")]
+    out["resolution_source"] = sources[-1] if sources else None
+    out["failures"] = [{"task": r["task"], "msg": str(r.get("msg"))[:2000]} for r in recs if r["status"] == "failed"]
     out["task_rows"] = [{"task": r["task"], "action": r["action"], "status": r["status"],
                          "wall": (r["end"] - r["start"]) if r.get("start") else None,
                          "proc_wall": sum(m["end"] - m["start"] for m in r["module_runs"]),
@@ -325,6 +344,7 @@ def timed_run(opts, base, hosts, case, extravars, tag, quiet=False):
     size = len(hosts)
     for h in hosts:
         c.read_module_runs(h["recdir"])      # drop what an earlier run left
+        c.read_smi_calls(h["smi_log"])
     prof = os.path.join(base, "controller-%s.prof" % tag) if opts.profile else None
     res = c.run_playbook(["-i", os.path.join(base, "inventory.yml"), opts.playbook,
                           "-l", "gpu-nodes", "-e", json.dumps(dict(extravars, sglang_serial="100%"))],
@@ -334,7 +354,8 @@ def timed_run(opts, base, hosts, case, extravars, tag, quiet=False):
     new = []
     for h in hosts:
         runs = c.read_module_runs(h["recdir"])
-        a = analyse_host(h, [r for r in timing if r["host"] == h["name"]], runs, res["t0"], res["t1"])
+        a = analyse_host(h, [r for r in timing if r["host"] == h["name"]], runs, res["t0"], res["t1"],
+                         c.read_smi_calls(h["smi_log"]))
         per_host.append(a)
         pids = set([int(a["pid"])] if a["pid"] else [])
         # Also the playbook's own record, in case the run failed before the launch result came back.
@@ -391,6 +412,11 @@ def timed_run(opts, base, hosts, case, extravars, tag, quiet=False):
         out["profiles"] = profiles.summarise(res["worker_profiles"], mods)
         if not quiet:
             print(profiles.report(out["profiles"]), flush=True)
+    out["resolution_sources"] = sorted(set(str(a["resolution_source"]) for a in per_host))
+    for a in per_host:
+        if out["statuses"].get(a["host"]) != "deployed":
+            for f in a["failures"][:1]:
+                print("  %s FAILED (%s): %s" % (a["host"], f["task"], f["msg"][:1500]), flush=True)
     if not quiet:
         print("  %-22s %5.1f s wall, CPU/host %.2f (controller %.2f, modules %.2f), %d/%d deployed, overhead %.1f s,"
               " outage +%s s beyond startup, load %.1f"

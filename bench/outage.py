@@ -163,9 +163,13 @@ def summarise(result):
     s = {
         "ours_outage_s": _med(rs, "outage_s"), "ours_startup_s": _med(rs, "startup_s"), "ours_added_s": _med(rs, "added_s"),
         "ours_added_max_s": max([r["outage"]["added_s"] for r in rs if r.get("ok")] or [0]) or None,
+        "ours_added_s_btime": _med(rs, "added_s_btime"), "ours_startup_s_btime": _med(rs, "startup_s_btime"),
         "manual_outage_s": _med(ms, "outage_s", None), "manual_startup_s": _med(ms, "startup_s", None),
         "manual_added_s": _med(ms, "added_s", None),
         "weights_outage_s": _med(ws, "outage_s"),
+        "smi_calls_in_window": _med(rs, "smi_calls_in_window"), "smi_s_in_window": _med(rs, "smi_s_in_window"),
+        "smi_calls": c.median([r["hosts"][0]["smi_calls"] for r in rs if r.get("ok")]),
+        "smi_s": c.median([r["hosts"][0]["smi_s"] for r in rs if r.get("ok")]),
         "restart_wall_s": c.median([r["wall"] for r in rs if r.get("ok")]),
         "weights_wall_s": c.median([r["wall"] for r in ws if r.get("ok")]),
         "overhead_s": c.median([r["overhead"] for r in rs if r.get("ok")]),
@@ -211,6 +215,15 @@ def report(result):
         c.table(["redeploy", "outage s", "new server startup s", "added beyond startup s", "playbook wall s"], rows),
         "added ours / manual = %s; outage ours / manual = %s; weight-only / restart outage = %s"
         % (c.fmt(s.get("added_ratio")), c.fmt(s.get("outage_ratio")), c.fmt(s.get("weights_ratio"))),
+        "(with the old clock, btime in whole seconds, the same restarts read: startup %s s, added %s s)"
+        % (c.fmt(s.get("ours_startup_s_btime")), c.fmt(s.get("ours_added_s_btime"))),
+        "(of ours' added %s s: the old server's own exit %s s (SIGTERM to exit, as sglang_replace saw it), then %s s to"
+        " the new server's process start, of which nvidia-smi %s calls, %s s; nvidia-smi in the whole redeploy: %s calls,"
+        " %s s)" % (c.fmt(s.get("ours_added_s")), c.fmt(s.get("shutdown_s")),
+                    c.fmt((s["ours_added_s"] - s["shutdown_s"]) if s.get("ours_added_s") is not None
+                          and s.get("shutdown_s") is not None else None),
+                    c.fmt(s.get("smi_calls_in_window"), 0), c.fmt(s.get("smi_s_in_window")), c.fmt(s.get("smi_calls"), 0),
+                    c.fmt(s.get("smi_s"))),
     ]
     last = [r for r in result["restart"] if r.get("ok")]
     if last:

@@ -92,6 +92,9 @@ class CallbackModule(CallbackBase):
         weights = res.get("weights")
         if isinstance(weights, dict):
             rec["weights"] = {"timings": _plain(weights.get("timings")), "changed": _plain(weights.get("changed"))}
+        resolved = res.get("resolved")
+        if isinstance(resolved, dict) and "source" in resolved:
+            rec["resolution_source"] = _plain(resolved.get("source"))
         plan = res.get("plan")
         if isinstance(plan, dict) and "action" in plan:
             rec["plan_action"] = _plain(plan.get("action"))
