@@ -69,6 +69,11 @@ def _checked_items(args, version):
     return items
 
 
+def _order(item):
+    """model_path first, then by field name: one config, one rendering (argv and config.yaml alike)."""
+    return (0, "") if item[0] == "model_path" else (1, item[0])
+
+
 def to_argv(args, version=DEFAULT_VERSION, secrets="include"):
     """Render args as an argv token list with SGLang's exact flag spellings.
 
@@ -76,7 +81,9 @@ def to_argv(args, version=DEFAULT_VERSION, secrets="include"):
     is omitted; lists become ``--flag a b`` (SGLang declares list flags with
     ``nargs``, sglang-rules.md §12; an empty list is omitted); dicts and JSON
     arguments become one compact JSON token; ``model_path`` comes first, the
-    rest keeps the order of ``args``. A value that starts with ``-`` is written
+    rest in the order of their field names, so that one config renders to one argv
+    whatever route its dict took (the inventory, a record written with sorted keys,
+    the known-good copy of a rollback). A value that starts with ``-`` is written
     ``--flag=value`` so argparse cannot take it for an option, except
     ``config``, which SGLang only detects as the separate token ``--config``
     (sglang-rules.md §12).
@@ -91,7 +98,7 @@ def to_argv(args, version=DEFAULT_VERSION, secrets="include"):
         raise ValueError("secrets must be 'include' or 'omit', got %s %r" % (type(secrets).__name__, secrets))
     rule_version(version)
     items = _checked_items(args, version)
-    items.sort(key=lambda item: 0 if item[0] == "model_path" else 1)
+    items.sort(key=_order)
     argv = []
     for key, value in items:
         spec = FLAGS[key]
@@ -165,7 +172,7 @@ def to_config_yaml(args, version=None):
         raise ValueError("--config needs SGLang 0.5.10 or newer; SGLang %s has no config file support (sglang-rules.md §12); "
                          "pass the arguments on the command line" % version)
     lines = []
-    for key, value in _checked_items(args, version):
+    for key, value in sorted(_checked_items(args, version), key=_order):
         spec = FLAGS[key]
         if not spec["config"]:
             raise ValueError("argument '%s' (%s) cannot be written to a --config file; SGLang raises \"Unsupported config "

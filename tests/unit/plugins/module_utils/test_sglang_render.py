@@ -54,11 +54,12 @@ HOSTILE = [
 
 def test_server_argv_omits_secrets_and_adds_config():
     argv = render.server_argv(ARGS, "0.5.23", config_path="/etc/sglang/main.yaml")
-    assert argv == ["--model-path", "/models/llama", "--tp-size", "8", "--speculative-algorithm", "EAGLE",
+    # model_path first, then by field name (speculative_algorithm < tp_size)
+    assert argv == ["--model-path", "/models/llama", "--speculative-algorithm", "EAGLE", "--tp-size", "8",
                     "--config", "/etc/sglang/main.yaml"]
     assert "s3cret" not in argv and "adm1n" not in argv
     config = render.to_config_yaml({k: ARGS[k] for k in render.secret_fields(ARGS)}, "0.5.23")
-    assert config == 'api-key: "s3cret"\nadmin-api-key: "adm1n"\n'
+    assert config == 'admin-api-key: "adm1n"\napi-key: "s3cret"\n'
 
 
 def test_server_argv_without_secrets():
@@ -150,8 +151,8 @@ def test_systemd_exec_start_round_trips_hostile_tokens():
 def test_systemd_exec_start_with_server_argv():
     argv = render.server_argv(ARGS, "0.5.23", config_path="/etc/sglang/main.yaml")
     line = render.systemd_exec_start("/usr/bin/python3", argv)
-    assert line == ("/usr/bin/python3 -m sglang.launch_server --model-path /models/llama --tp-size 8 "
-                    "--speculative-algorithm EAGLE --config /etc/sglang/main.yaml")
+    assert line == ("/usr/bin/python3 -m sglang.launch_server --model-path /models/llama "
+                    "--speculative-algorithm EAGLE --tp-size 8 --config /etc/sglang/main.yaml")
     assert "s3cret" not in line
 
 
@@ -159,3 +160,13 @@ def test_systemd_exec_start_with_server_argv():
 def test_systemd_exec_start_needs_an_absolute_python(python):
     with pytest.raises(ValueError, match="absolute path"):
         render.systemd_exec_start(python, [])
+
+
+def test_one_config_renders_to_one_argv_whatever_the_dict_order():
+    """A record written with sorted keys (the known-good copy) renders the argv that was verified."""
+    args = {"tp_size": 8, "speculative_num_steps": 15, "model_path": "/models/llama", "port": 31000,
+            "speculative_algorithm": "EAGLE3"}
+    shuffled = dict(sorted(args.items(), reverse=True))
+    assert list(args) != list(shuffled)
+    assert render.to_argv(args, "0.5.23") == render.to_argv(shuffled, "0.5.23")
+    assert render.to_argv(args, "0.5.23")[:2] == ["--model-path", "/models/llama"]

@@ -648,10 +648,11 @@ def test_to_argv_spellings_and_order():
     args = {"tp_size": 8, "model_path": "/m", "host": "0.0.0.0", "port": 30000, "enable_metrics": True,
             "trust_remote_code": False, "revision": None, "mem_fraction_static": 0.85,
             "speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 16, "dist_init_addr": "10.0.0.1:5000"}
+    # model_path first, then by field name
     assert render.to_argv(args) == [
-        "--model-path", "/m", "--tp-size", "8", "--host", "0.0.0.0", "--port", "30000", "--enable-metrics",
-        "--mem-fraction-static", "0.85", "--speculative-algorithm", "EAGLE", "--speculative-num-draft-tokens", "16",
-        "--dist-init-addr", "10.0.0.1:5000",
+        "--model-path", "/m", "--dist-init-addr", "10.0.0.1:5000", "--enable-metrics", "--host", "0.0.0.0",
+        "--mem-fraction-static", "0.85", "--port", "30000", "--speculative-algorithm", "EAGLE",
+        "--speculative-num-draft-tokens", "16", "--tp-size", "8",
     ]
 
 
@@ -659,9 +660,9 @@ def test_to_argv_lists_json_and_dash_values():
     argv = render.to_argv({"lora_paths": ["a=/x", {"lora_name": "b", "lora_path": "/y"}], "return_aux_hidden_state_layer_ids": [],
                            "json_model_override_args": {"rope_scaling": {"factor": 2}}, "api_key": "-secret",
                            "config": "/etc/sglang.yaml"}, "0.5.23")
-    assert argv == ["--lora-paths", "a=/x", '{"lora_name":"b","lora_path":"/y"}',
-                    "--json-model-override-args", '{"rope_scaling":{"factor":2}}', "--api-key=-secret",
-                    "--config", "/etc/sglang.yaml"]
+    assert argv == ["--api-key=-secret", "--config", "/etc/sglang.yaml",
+                    "--json-model-override-args", '{"rope_scaling":{"factor":2}}',
+                    "--lora-paths", "a=/x", '{"lora_name":"b","lora_path":"/y"}']
     with pytest.raises(ValueError, match="two tokens"):
         render.to_argv({"config": "-x.yaml"})
 
