@@ -507,7 +507,7 @@ class Replace(object):
                 pass
         if p["phase"] == "teardown" or step in (journal_mod.TEARDOWN,):
             self.record_failure(journal_mod.FAILED, "teardown failed: %s" % msg)
-            self.result["node_state"] = "unknown: the teardown failed"
+            self.result["node_state"] = self.state_after_failed_teardown(exc)
             raise ReplaceFailed(msg, self.finish_result())
         try:
             self.stop_failed(failed_launcher)
@@ -523,6 +523,18 @@ class Replace(object):
         else:
             self.record_failure(journal_mod.FAILED, msg)
         raise ReplaceFailed(msg, self.finish_result())
+
+    def state_after_failed_teardown(self, exc):
+        """What runs after a failed teardown, from what is alive now (the planned roots) and what failed."""
+        planned = [pid for pid in ((self.p["teardown"] or {}).get("pids") or []) if isinstance(pid, int)]
+        alive = [pid for pid in planned if sp.alive(pid)]
+        if alive:
+            return "the old server still runs (PID %s could not be stopped)" % ", ".join(str(pid) for pid in alive)
+        if isinstance(exc, gpu_verify.VerifyError):
+            if (getattr(exc, "result", None) or {}).get("ports"):
+                return "no server (the old one was stopped; the new server's ports are still held, see the error)"
+            return "no server (the old one was stopped; the target GPUs are not free, see the error)"
+        return "no server (the old one was stopped; the teardown failed after that, see the error)"
 
     def rollback_in_place(self, why):
         """The candidate failed before it was healthy: launch the known-good config in this same run."""

@@ -193,6 +193,8 @@ def test_happy_path_replaces_the_incident_server(node):
     assert_row_shape(row)
     assert row["status"] == "deployed" and row["step"] == "done" and row["error"] is None, row
     assert row["plan"] == "restart"         # the hand-started server on the managed port was adopted
+    assert row["node_state"] == "promoted config running" and row["mode"] == "restart", row
+    assert row["resolution"] == {"source": "node", "fallback": None}, row["resolution"]
     assert row["run_id"] and run.report_paths[0].name == "%s-redeploy.json" % row["run_id"]
     assert {k: row["effective_args"][k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
     assert "api_key" not in row["effective_args"] or row["effective_args"]["api_key"] == "********"
@@ -235,6 +237,7 @@ def test_second_run_is_a_no_op(node):
     row = run.row()
     assert row["status"] == "unchanged" and row["plan"] == "none" and row["error"] is None, row
     assert row["signalled"] == [] and row["rollback"]["status"] == "not_needed"
+    assert row["node_state"] == "promoted config running (nothing to do)" and row["mode"] is None, row
     pre = run.task_result(PREFLIGHT)
     assert pre["lease"]["acquired"] is False and not run.ran(REPLACE) and not run.ran(SMOKE)
     assert node.server_pid() == pid and alive(pid) and node.health() == 200
@@ -549,7 +552,10 @@ def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
     assert row["status"] == "failed" and row["step"] == "teardown", row
     assert row["error"].startswith("teardown failed: ") and ORPHAN_TEXT in row["error"]
     assert row["rollback"]["status"] == "failed"
+    assert row["rollback"]["detail"].startswith(
+        "the teardown before the relaunch failed, so the last known-good config was not relaunched: "), row["rollback"]
     assert ORPHAN_TEXT in row["rollback"]["detail"], row["rollback"]
+    assert row["node_state"].startswith("no server (the old one was stopped; the target GPUs are not free"), row
     if old_pid:
         assert old_pid in [p["pid"] for p in row["signalled"]]
     assert node.journal()["step"] == "failed"

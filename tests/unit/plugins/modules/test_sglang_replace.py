@@ -194,7 +194,8 @@ def test_teardown_failure_is_not_a_rollback_and_says_so(node, monkeypatch):
     assert res["failed"] is True and res["torn_down"] is True
     assert [s["pid"] for s in res["signalled"]] == [old]
     assert re.match(r"GPU 0: \d+ MiB held by PID %d \(old-server" % old, res["msg"]), res["msg"]
-    assert res["node_state"] == "unknown: the teardown failed"
+    assert not alive(old)
+    assert res["node_state"] == "no server (the old one was stopped; the target GPUs are not free, see the error)"
     assert res["failed_step"] == "teardown"
     assert "launch" not in res and "rollback" not in res                 # nothing was started, no rollback tried
     entry = node.journal()
