@@ -14,7 +14,7 @@ help:
 	@echo "make demo-clean  stop what the demo started (by PID) and remove .demo/"
 	@echo "make test        the whole suite: unit, integration, lint, sanity, molecule"
 	@echo "make matrix      the support matrix: ansible-core 2.17/2.18, Debian 11/13 nodes, the user install, the EE"
-	@echo "make bench       teardown and fleet benchmarks (prints ratios)"
+	@echo "make bench       outage, teardown, fleet and oracle benchmarks (prints ratios against the goals)"
 	@echo "make build       ansible-galaxy collection build"
 
 setup:

@@ -167,7 +167,14 @@ def goals(result):
             "%s s / %s s" % (c.fmt(out.get("weights_outage_s")), c.fmt(out.get("ours_outage_s"))))
         add("1-host overhead (wall - intrinsic)", c.fmt(out.get("overhead_s"), 2, " s"), "<= %.0f s" % GOAL_OVERHEAD_S,
             None if out.get("overhead_s") is None else out["overhead_s"] <= GOAL_OVERHEAD_S,
-            "wall %s s - intrinsic %s s" % (c.fmt(out.get("restart_wall_s"), 1), c.fmt(out.get("intrinsic_s"), 2)))
+            "wall %s s - intrinsic %s s, load %s"
+            % (c.fmt(out.get("restart_wall_s"), 1), c.fmt(out.get("intrinsic_s"), 2), c.fmt(out.get("load_1min"), 1)))
+        fleet_one = _size(result, 1)
+        if fleet_one:
+            add("  the same, fleet benchmark's 1 host (change)", c.fmt(fleet_one["overhead"], 2, " s"),
+                "<= %.0f s" % GOAL_OVERHEAD_S, fleet_one["overhead"] <= GOAL_OVERHEAD_S,
+                "wall %s s - intrinsic %s s, load %s"
+                % (c.fmt(fleet_one["wall"], 1), c.fmt(fleet_one["intrinsic_max"], 2), c.fmt(fleet_one["load_1min"], 1)))
         add("module runs per host (restart)", c.fmt(out.get("module_runs"), 0), "<= %d" % GOAL_MODULE_RUNS,
             None if out.get("module_runs") is None else out["module_runs"] <= GOAL_MODULE_RUNS,
             "weight-only: %s" % c.fmt(out.get("weights_module_runs"), 0))
