@@ -44,6 +44,18 @@ def sglang_pd_plan(hosts, version="0.5.23", batch=None):
                 "%s are in other batches: set sglang_serial: \"100%%\" for this run" % (
                     ", ".join(d.get("field", "?") for d in plan.get("layout_differences") or []) or "layout",
                     ", ".join(outside)))
+    if plan.get("order") == pd.ROLLING and batch is not None:
+        # One host at a time, role by role: a batch that takes every serving server of a role out at once breaks
+        # the rolling plan's promise (a Ready server of each role) where the role has more than one.
+        changing = set(h for step in plan.get("steps") or [] for h in step.get("hosts") or [])
+        for role, hosts in (("prefill", prefills), ("decode", decodes)):
+            serving = sorted(h for h, (old, _new) in hosts.items() if old is not None)
+            out = [h for h in serving if h in changing and h in batch]
+            if len(serving) >= 2 and len(out) == len(serving):
+                problems.append(
+                    "this batch replaces every serving %s server at once (%s), so none would stay Ready while they are "
+                    "replaced; run with sglang_serial: 1 (the rolling order replaces one host at a time)"
+                    % (role, ", ".join(out)))
     plan["problems"] = problems
     return plan
 

@@ -89,6 +89,16 @@ options:
       - Seconds one request may take before it counts as a hang (never more than what is left of O(timeout)).
     type: float
     default: 120
+  disaggregation_mode:
+    description:
+      - The server's C(--disaggregation-mode). A prefill or decode server serves only requests that carry the
+        bootstrap fields a PD router adds; each smoke request carries SGLang's own fake bootstrap host
+        (C(2.2.2.2), what its warm-up and health check send), so the server answers it alone.
+      - A V(prefill) server returns one token per request, so O(min_tokens_per_s) and O(min_accept_length) are
+        not applied to it (the result says so in RV(gates_skipped)); the requests must still all answer.
+    type: str
+    choices: ["null", prefill, decode]
+    default: "null"
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -195,6 +205,11 @@ elapsed:
   description: Wall time of the run in seconds.
   returned: always
   type: float
+gates_skipped:
+  description: Gates that were not applied, with why (a prefill server).
+  returned: always
+  type: list
+  elements: str
 errors:
   description: Up to 5 distinct request errors.
   returned: always
@@ -208,6 +223,9 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.http import HTTPConnectionError, request
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_metrics import AcceptWindow, MetricsFormatError
+
+# SGLang's placeholder bootstrap host (srt/disaggregation/utils.py): a PD server runs such a request alone.
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 
 
 def _server_accept_length(base, api_key, timeout):
@@ -261,11 +279,15 @@ class Bench:
             return self.next_index
 
     def worker(self, deadline):
-        body = {"text": self.p["prompt"], "sampling_params": {"max_new_tokens": self.p["max_new_tokens"], "temperature": 0}}
+        base_body = {"text": self.p["prompt"], "sampling_params": {"max_new_tokens": self.p["max_new_tokens"], "temperature": 0}}
         while True:
             idx = self._take()
             if idx is None:
                 return
+            body = base_body
+            if self.p["disaggregation_mode"] in ("prefill", "decode"):
+                # SGLang's own fake bootstrap host: the server runs the request alone, as for its warm-up.
+                body = dict(base_body, bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_port=0, bootstrap_room=idx)
             left = deadline - time.monotonic()
             if left <= 0:
                 with self.lock:
@@ -451,6 +473,7 @@ def main():
             metrics_interval=dict(type="float", default=1.0),
             timeout=dict(type="float", default=300),
             request_timeout=dict(type="float", default=120),
+            disaggregation_mode=dict(type="str", default="null", choices=["null", "prefill", "decode"]),
         ),
         supports_check_mode=False,
     )
@@ -467,7 +490,15 @@ def main():
     summary = summarise(bench.results, bench.errors, elapsed, bench.sent, server_accept, window=bench.window.result(),
                         hangs=bench.hangs, total=p["requests"], source=p["accept_length_source"],
                         budget_out=bench.budget_out, request_timeout=p["request_timeout"])
-    problems = gate(summary, p["min_tokens_per_s"], p["min_accept_length"], p["accept_length_source"], p["request_timeout"])
+    min_tps, min_accept = p["min_tokens_per_s"], p["min_accept_length"]
+    summary["gates_skipped"] = []
+    if p["disaggregation_mode"] == "prefill":
+        for name, value in (("min_tokens_per_s", min_tps), ("min_accept_length", min_accept)):
+            if value > 0:
+                summary["gates_skipped"].append("%s: a prefill server returns one token per request; the gate applies to "
+                                                "the decode servers" % name)
+        min_tps = min_accept = 0
+    problems = gate(summary, min_tps, min_accept, p["accept_length_source"], p["request_timeout"])
     if problems:
         module.fail_json(msg="Smoke gate failed: " + "; ".join(problems), changed=False, **summary)
     module.exit_json(changed=False, **summary)

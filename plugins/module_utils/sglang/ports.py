@@ -13,7 +13,9 @@ Read in the 0.5.23 wheel (``srt/server_args.py``, ``srt/utils/network.py``) and 
   ``--dist-init-addr``; from ``port_base = dist_init_port + 1`` the main process binds ``port_base``,
   ``port_base + 2`` and ``port_base + 4`` and the detokenizer ``port_base + 1``; a multi-node group also
   binds ``port_base + 5`` and ``dist_init_port + 13``;
-* on node rank 0 of a multi-node group, the ``--dist-init-addr`` port (the torch.distributed store).
+* on node rank 0 of a multi-node group, the ``--dist-init-addr`` port (the torch.distributed store);
+* on a prefill server (``--disaggregation-mode prefill``), the KV bootstrap server's port
+  (``--disaggregation-bootstrap-port``, default 8998), which the decode servers connect to.
 
 A server killed with SIGKILL can keep these ports for a while (its children, or TIME_WAIT); SGLang waits
 up to 30 s per port and then fails with "Port is already in use". The preflight checks them before the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 DEFAULT_PORT = 30000
 ATTN_DP_OFFSET = 233
+DEFAULT_BOOTSTRAP_PORT = 8998
 
 
 def _int(value, default=None):
@@ -58,6 +61,9 @@ def bound_ports(args, node_rank=0):
     dist_port = _addr_port(args.get("dist_init_addr"))
     if nnodes > 1 and rank == 0 and dist_port:
         out.setdefault(dist_port, "the dist-init port of node rank 0 (--dist-init-addr)")
+    if str(args.get("disaggregation_mode") or "") == "prefill" and rank == 0:
+        boot = _int(args.get("disaggregation_bootstrap_port"), DEFAULT_BOOTSTRAP_PORT) or DEFAULT_BOOTSTRAP_PORT
+        out.setdefault(boot, "the KV bootstrap port of a prefill server (--disaggregation-bootstrap-port)")
     if attention_dp(args):
         base_port = (http_port + ATTN_DP_OFFSET) if nnodes <= 1 or not dist_port else dist_port
         port_base = base_port + 1
