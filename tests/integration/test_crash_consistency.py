@@ -184,8 +184,8 @@ def test_controller_killed_during_the_teardown_rerun_takes_over_at_once_and_rede
 def test_a_live_lease_of_another_machine_waits_then_names_the_holder_and_the_break(node):
     lease = node.lock_path
     lease.mkdir()
-    holder = {"owner": "20261201T000000Z-1-0001", "controller": {
-                  "host": "ctl-elsewhere", "pid": 4242, "boot_id": "other-boot", "pidns": "pid:[1]"},
+    controller = {"host": "ctl-elsewhere", "pid": 4242, "boot_id": "other-boot", "pidns": "pid:[1]"}
+    holder = {"owner": "20261201T000000Z-1-0001", "controller": controller,
               "taken_at": time.time(), "renewed_at": time.time(), "expires_at": time.time() + 3600, "ttl": 3600}
     (lease / "holder.json").write_text(json.dumps(holder))
     hv = node.host_vars(sglang_lock_timeout=2)
@@ -206,8 +206,8 @@ def test_a_live_lease_of_another_machine_waits_then_names_the_holder_and_the_bre
 def test_an_expired_lease_of_another_machine_is_taken_over_and_said(node):
     lease = node.lock_path
     lease.mkdir()
-    holder = {"owner": "20261201T000000Z-2-0002", "controller": {
-                  "host": "ctl-elsewhere", "pid": 1, "boot_id": "other-boot", "pidns": "pid:[1]"},
+    controller = {"host": "ctl-elsewhere", "pid": 1, "boot_id": "other-boot", "pidns": "pid:[1]"}
+    holder = {"owner": "20261201T000000Z-2-0002", "controller": controller,
               "taken_at": time.time() - 900, "renewed_at": time.time() - 900, "expires_at": time.time() - 600, "ttl": 300}
     (lease / "holder.json").write_text(json.dumps(holder))
     run = node.run()
