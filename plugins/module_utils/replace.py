@@ -287,6 +287,12 @@ class Replace(object):
         launcher.p["expect"] = dict((k, v) for k, v in (expect or {}).items() if k not in WEIGHT_FIELDS)
         if launcher.p["check_config"]:
             launcher.verify(0, None)
+            # /server_info keeps the launch's model path after an update; what serves now is in /model_info.
+            served = ((self.result.get("weights") or {}).get("model_info") or {})
+            effective = launcher.result.setdefault("effective_args", {})
+            for key in ("model_path", "weight_version"):
+                if served.get(key) is not None:
+                    effective[key] = served[key]
         self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
         if _flag((p["verify"] or {}).get("allocated")):
             self.verify_gpus("allocated", (p["teardown"] or {}).get("gpus") or [])

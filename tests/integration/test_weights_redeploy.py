@@ -88,6 +88,9 @@ def test_a_new_checkpoint_is_swapped_in_place_without_a_teardown(node):
     info = model_info(node)
     assert info["model_path"] == str(new) and info["weight_version"] == row["run_id"], info
     assert row["weights"]["version_after"] == row["run_id"]
+    # What serves, from the server: /model_info after the update (/server_info keeps the launch's path).
+    assert row["effective_source"] == "server" and row["effective_args"]["model_path"] == str(new), row["effective_args"]
+    assert row["effective_args"]["weight_version"] == row["run_id"]
     assert row["weights"]["checksums_before"] != row["weights"]["checksums_after"]
     assert json.loads((node.etc / "known-good" / "server.json").read_text())["args"]["model_path"] == str(new)
     assert node.journal()["step"] == "promoted"
