@@ -70,8 +70,9 @@ def check_settings(settings):
         if name not in RULES:
             continue
         value = settings[name]
-        # Unset: None, or "" (ansible-core < 2.19 renders a templated none as an empty string).
-        if value is None or (isinstance(value, str) and not value.strip()):
+        # Unset is None only: the role hands the settings over as one dict expression, so an unset value stays
+        # null on every supported core, and an explicit "" (e.g. ``-e sglang_smoke_timeout=``) is refused here.
+        if value is None:
             continue
         kind, minimum, exclusive, meaning = RULES[name]
         number, ok = _coerce(kind, value)

@@ -232,6 +232,7 @@ BAD_SETTINGS = [
     ({"gpu_verify_timeout": -1}, "gpu_verify_timeout"),
     ({"gpu_teardown_term_timeout": -10}, "gpu_teardown_term_timeout"),
     ({"sglang_smoke_timeout": 0}, "sglang_smoke_timeout"),
+    ({"sglang_smoke_timeout": ""}, "sglang_smoke_timeout"),          # an explicit -e sglang_smoke_timeout=
     ({"sglang_server_cuda_visible_devices": "0,1", "tp_size": 4}, "sglang_server_cuda_visible_devices"),
     ({"sglang_server_api_key": "sk-line\nbreak"}, "sglang_server_api_key"),
     ({"sglang_server_args": "model_path=/m tp_size=2"}, "sglang_server_args"),

@@ -119,6 +119,8 @@ def action(args, check_mode=False):
     connection._shell.tmpdir = None
     plugin = cf.ActionModule(task, connection, MagicMock(), loader=None, templar=None, shared_loader_obj=None)
     plugin._execute_module = MagicMock(side_effect=AssertionError("no module may run"))
+    # Set by the plugin loader; ansible-core 2.17/2.18 name it in the unsupported-parameter message.
+    plugin._load_name = "gpufleet.sglang.controller_facts"
     return plugin, connection
 
 

@@ -1053,7 +1053,16 @@ def _smg1():
     return out.stdout.strip().splitlines()[-1]
 
 
-ROUTER_BINARIES = {"1": _smg1, "0.3": lambda: str(pathlib.Path(sys.executable).parent / "smg")}
+def _router_032():
+    """sglang-router 0.3.2's ``smg`` entry point: in the project's .venv (requirements), which the ansible-core
+    2.17/2.18 matrix venvs do not hold (they run this file with their own interpreter)."""
+    for place in (pathlib.Path(sys.executable).parent, REPO / ".venv" / "bin"):
+        if (place / "smg").is_file():
+            return str(place / "smg")
+    raise AssertionError("sglang-router 0.3.2 is not installed: run make setup (requirements/dev.txt pins it)")
+
+
+ROUTER_BINARIES = {"1": _smg1, "0.3": _router_032}
 
 
 class Real(object):
