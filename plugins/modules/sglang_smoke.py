@@ -174,10 +174,12 @@ server_accept_length:
   returned: always
   type: float
 hang:
-  description: The first request that did not answer within O(request_timeout), or V(null).
+  description:
+    - The first request that did not answer within O(request_timeout), or V(null).
+    - C(rid) is the SGLang request id the module gave it (every request carries one), to find it in the server's log.
   returned: always
   type: dict
-  sample: {"request": 97, "of": 150, "timeout": 30.0, "answered": 96, "hung": 8}
+  sample: {"request": 97, "of": 150, "timeout": 30.0, "answered": 96, "hung": 8, "rid": "gpufleet-smoke-3f9c0a1b2d4e-97"}
 requests:
   description: Requests sent, succeeded and failed (failed includes those that hung, see RV(hang)).
   returned: always
@@ -219,6 +221,7 @@ errors:
 
 import threading
 import time
+import uuid
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.http import HTTPConnectionError, request
@@ -270,6 +273,9 @@ class Bench:
         self.stop = threading.Event()
         self.window = AcceptWindow()
         self.metrics_ok = False
+        # Every request carries its own SGLang request id (rid): a hang names the request the server still holds,
+        # and its log lines can be found by that id. The server's arrival order may differ from ours.
+        self.rid_prefix = "gpufleet-smoke-%s" % uuid.uuid4().hex[:12]
 
     def _take(self):
         with self.lock:
@@ -284,10 +290,10 @@ class Bench:
             idx = self._take()
             if idx is None:
                 return
-            body = base_body
+            body = dict(base_body, rid="%s-%d" % (self.rid_prefix, idx))
             if self.p["disaggregation_mode"] in ("prefill", "decode"):
                 # SGLang's own fake bootstrap host: the server runs the request alone, as for its warm-up.
-                body = dict(base_body, bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_port=0, bootstrap_room=idx)
+                body = dict(body, bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_port=0, bootstrap_room=idx)
             left = deadline - time.monotonic()
             if left <= 0:
                 with self.lock:
@@ -362,7 +368,7 @@ class Bench:
 
 
 def summarise(results, errors, elapsed, sent, server_accept, window=None, hangs=(), total=None, source="auto",
-              budget_out=False, request_timeout=None):
+              budget_out=False, request_timeout=None, rid_prefix=None):
     tokens = sum(r["completion_tokens"] for r in results)
     # Only responses that report verify steps count for the accept length: tokens of a response
     # without spec_verify_ct (a worker without speculation behind a router) would inflate it.
@@ -385,6 +391,8 @@ def summarise(results, errors, elapsed, sent, server_accept, window=None, hangs=
     if hangs:
         first = min(hangs)
         hang = dict(request=first, of=total, answered=len(results), timeout=request_timeout, hung=len(hangs))
+        if rid_prefix:
+            hang["rid"] = "%s-%d" % (rid_prefix, first)
     not_sent = max(0, total - sent)
     if budget_out or (not_sent and not hangs):
         budget_out = True
@@ -427,8 +435,9 @@ def gate(summary, min_tps, min_accept, source="auto", request_timeout=None):
     hang = summary.get("hang")
     if hang:
         limit = request_timeout if request_timeout is not None else hang.get("timeout") or 0
-        problems.append("request %d of %d did not answer within %s s (%d answered before the run stopped)" % (
-            hang["request"], hang["of"], _seconds(limit), hang["answered"]))
+        problems.append("request %d of %d%s did not answer within %s s (%d answered before the run stopped)" % (
+            hang["request"], hang["of"], " (rid %s)" % hang["rid"] if hang.get("rid") else "", _seconds(limit),
+            hang["answered"]))
     req = summary["requests"]
     hung = hang["hung"] if hang else 0
     if req["failed"] - hung > 0:
@@ -489,7 +498,7 @@ def main():
     server_accept = _server_accept_length(bench.base, p["api_key"], min(10.0, p["timeout"]))
     summary = summarise(bench.results, bench.errors, elapsed, bench.sent, server_accept, window=bench.window.result(),
                         hangs=bench.hangs, total=p["requests"], source=p["accept_length_source"],
-                        budget_out=bench.budget_out, request_timeout=p["request_timeout"])
+                        budget_out=bench.budget_out, request_timeout=p["request_timeout"], rid_prefix=bench.rid_prefix)
     min_tps, min_accept = p["min_tokens_per_s"], p["min_accept_length"]
     summary["gates_skipped"] = []
     if p["disaggregation_mode"] == "prefill":

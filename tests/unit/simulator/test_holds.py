@@ -155,6 +155,9 @@ def test_zombie_holds_no_memory(sim):
     watcher = int(_status_of(pid)["PPid"])
     os.kill(watcher, signal.SIGSTOP)
     try:
+        # SIGSTOP takes effect only when the watcher next runs: until it reads "T", a watcher that is still in
+        # waitpid() would reap the holder first (seen under load on 2 CPUs), and no zombie would ever show.
+        wait_for(lambda: (procfs.read_stat(watcher) or ("?",))[0] == "T", 5, what="watcher stopped")
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: (procfs.read_stat(pid) or ("?",))[0] == "Z", 5, what="zombie")
         assert sim.used(0) == 1

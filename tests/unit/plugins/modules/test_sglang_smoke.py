@@ -7,6 +7,7 @@ for servers before 0.5.10, 503 for failures). No process is started.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -53,7 +54,7 @@ class FakeSGLang:
         self.requests = []
         self.api_key = None
         self.delay = 0.0
-        self.delays = lambda index: 0.0           # per /generate index (1-based), e.g. a hang from N on
+        self.delays = lambda index: 0.0           # per /generate request number (1-based), e.g. a hang from N on
         self.metrics = None                         # callable: number of answered /generate -> page text
         self.answered = 0
         self.generate = lambda index: (200, {"text": " GPUs are fast.", "meta_info": meta(64, 22)})
@@ -102,6 +103,11 @@ class FakeSGLang:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"null")
                 index = self._record(body)
+                # The module's own request number, from the SGLang request id it sends (its arrival order here
+                # can differ: two threads race); the arrival count for a body without one.
+                rid = (body or {}).get("rid") if isinstance(body, dict) else None
+                if isinstance(rid, str) and rid.rpartition("-")[2].isdigit():
+                    index = int(rid.rpartition("-")[2])
                 if not self._authorised():
                     return
                 if fake.delay:
@@ -258,7 +264,9 @@ def test_run_passes_gates_and_sends_what_sglang_expects(server, run):
     assert res["latency_s"]["p50"] <= res["latency_s"]["max"]
     posts = [r for r in server.requests if r["method"] == "POST"]
     assert len(posts) == 4 and all(r["path"] == "/generate" for r in posts)
+    rid = posts[0]["body"].pop("rid")
     assert posts[0]["body"] == {"text": "Hi", "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
+    assert re.match(r"^gpufleet-smoke-[0-9a-f]{12}-[0-9]+$", rid), rid      # SGLang's request id field
     assert all(r["auth"] is None for r in server.requests)
     assert server.paths("GET") == ["/metrics", "/server_info"]     # no /metrics here (404): meta gates
     assert res["metrics_available"] is False and res["accept_length_source"] == "meta"
@@ -401,9 +409,13 @@ def test_first_hang_names_its_request_and_stops_sending(server, run):
     began = time.monotonic()
     res = run({"url": server.url, "requests": 10, "concurrency": 2, "request_timeout": 0.5, "timeout": 60})
     assert res["failed"] is True
+    rid = res["hang"].pop("rid")
     assert res["hang"] == {"request": 4, "of": 10, "answered": 3, "timeout": 0.5, "hung": 2}
-    assert res["msg"] == ("Smoke gate failed: request 4 of 10 did not answer within 0.5 s "
-                          "(3 answered before the run stopped)")
+    assert re.match(r"^gpufleet-smoke-[0-9a-f]{12}-4$", rid), rid
+    assert res["msg"] == ("Smoke gate failed: request 4 of 10 (rid %s) did not answer within 0.5 s "
+                          "(3 answered before the run stopped)" % rid)
+    rids = [r["body"]["rid"] for r in server.requests if r["method"] == "POST"]
+    assert sorted(rids) == sorted(rid[:-1] + str(n) for n in range(1, 6))      # one id per request, one run prefix
     assert res["requests"] == {"sent": 5, "ok": 3, "failed": 2} and res["requests_not_sent"] == 5
     assert len(server.paths("POST")) == 5                      # nothing sent after the hang
     assert time.monotonic() - began < 20
