@@ -15,13 +15,16 @@ the smoke gate runs on each role alone (SGLang's fake bootstrap host).
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 from playbook_helpers import Procs, SimNode, alive, free_port, http_get
+from test_router_rolling import Load, _smg1, wait_for as rr_wait  # noqa: E402 - helpers, not tests
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +44,14 @@ def procs():
 
 
 class Fleet(object):
-    def __init__(self, base, procs):
-        self.nodes = {h: SimNode(base / h, procs, gpus=1, tp_size=1, name="pd") for h in HOSTS}
+    def __init__(self, base, procs, hosts=HOSTS):
+        self.hosts = tuple(hosts)
+        self.nodes = {h: SimNode(base / h, procs, gpus=1, tp_size=1, name="pd") for h in self.hosts}
         self.procs = procs
-        self.model = self.nodes[PREFILL].target          # one model path for both roles
-        self.bootstrap_port = free_port()
+        self.model = self.nodes[self.hosts[0]].target      # one model path for both roles
+        # Every prefill server has a KV bootstrap port of its own (they share this machine's loopback).
+        self.bootstrap_ports = dict((h, free_port()) for h in self.hosts if h.startswith("prefill"))
+        self.bootstrap_port = self.bootstrap_ports.get(PREFILL)
 
     def __getitem__(self, host):
         return self.nodes[host]
@@ -56,19 +62,19 @@ class Fleet(object):
         args = {"model_path": str(self.model), "tp_size": 1, "port": node.port, "host": "127.0.0.1",
                 "enable_metrics": True}
         args.update(shared or {})
-        role = {"disaggregation_mode": "prefill" if host == PREFILL else "decode"}
-        if host == PREFILL:
-            role["disaggregation_bootstrap_port"] = self.bootstrap_port
+        role = {"disaggregation_mode": "prefill" if host.startswith("prefill") else "decode"}
+        if host.startswith("prefill"):
+            role["disaggregation_bootstrap_port"] = self.bootstrap_ports[host]
         role.update(own or {})
         hv.update({"sglang_server_args": args, "sglang_server_host_args": role,
-                   "sglang_report_dir": str(self.nodes[PREFILL].reports)})
+                   "sglang_report_dir": str(self.nodes[self.hosts[0]].reports)})
         hv.update(overrides)
         return hv
 
-    def run(self, shared=None, own=None, serial="100%", check=False):
+    def run(self, shared=None, own=None, serial="100%", check=False, **overrides):
         own = own or {}
-        hosts = dict((h, self.host_vars(h, shared, own.get(h))) for h in HOSTS)
-        run = self.nodes[PREFILL].run(hosts=hosts, extravars={"sglang_serial": serial}, check=check)
+        hosts = dict((h, self.host_vars(h, shared, own.get(h), **overrides)) for h in self.hosts)
+        run = self.nodes[self.hosts[0]].run(hosts=hosts, extravars={"sglang_serial": serial}, check=check)
         for node in self.nodes.values():
             self.procs.track_pid_file(node.pid_file)
         return run
@@ -188,3 +194,87 @@ def test_a_change_that_splits_the_layout_is_refused_whatever_the_batch(fleet):
         assert "page_size" in row["error"] and "Nothing was touched" in row["error"], row["error"]
     assert fleet.pids() == before
     assert pd_request(fleet, room=14)[DECODE][0] == 200, "the old pair still serves"
+
+
+# --------------------------------------------------------------------------
+# A PD fleet rolled behind the real router (smg 1.13.0 in PD mode)
+# --------------------------------------------------------------------------
+
+FOUR = ("prefill0", "prefill1", "decode0", "decode1")
+SMG_PD_FLAGS = [
+    "--pd-disaggregation", "--policy", "round_robin",
+    # As in test_router_rolling: slow health checks (the playbook, not the router's own checking, must take a
+    # worker out before its server stops), no retries (a request that reaches a stopping server fails visibly).
+    "--health-check-interval-secs", "30", "--worker-startup-timeout-secs", "30",
+    "--worker-startup-check-interval", "1", "--disable-retries", "--log-level", "warn"]
+
+
+def start_pd_router(procs, tmp_path):
+    """smg 1.13.0 in PD mode with no worker: the playbook registers each one (worker_type, bootstrap_port, key)."""
+    port, prom = free_port(), free_port()
+    argv = [_smg1(), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(prom)] + SMG_PD_FLAGS
+    env = dict(os.environ, HF_HUB_OFFLINE="1", NO_PROXY="*", no_proxy="*")
+    proc = procs.spawn(argv, env=env, log=tmp_path / "router.log")
+    procs.track(proc.pid)
+    url = "http://127.0.0.1:%d" % port
+    rr_wait(lambda: http_get(url + "/workers")[0] == 200, 30, what="smg on %s" % url)
+    return url
+
+
+def pd_workers(router):
+    status, data = http_get(router + "/workers")
+    assert status == 200, (status, data)
+    return dict((w["url"], w) for w in data["workers"])
+
+
+def test_a_rolling_redeploy_behind_the_real_smg_in_pd_mode_loses_no_request(tmp_path, procs):
+    fleet = Fleet(tmp_path, procs, hosts=FOUR)
+    router = start_pd_router(procs, tmp_path)
+    urls = dict((h, fleet[h].url) for h in FOUR)
+    router_vars = {"sglang_router_url": router, "sglang_router_drain_timeout": 60, "sglang_router_health_timeout": 30}
+
+    # 1. The first deploy registers every server with its role (and a prefill server's bootstrap port).
+    first = fleet.run(**router_vars)
+    assert first.rc == 0, first.summary()
+    workers = pd_workers(router)
+    assert sorted(workers) == sorted(urls.values()), workers
+    for host, url in urls.items():
+        w = workers[url]
+        assert w["worker_type"] == ("prefill" if host.startswith("prefill") else "decode"), w
+        assert w["is_healthy"] and w["status"] == "ready", w
+        if host.startswith("prefill"):
+            assert w["bootstrap_port"] == fleet.bootstrap_ports[host], w
+    before = fleet.pids()
+
+    # 2. A change outside the shared KV layout rolls host by host while clients keep sending through smg.
+    load = Load(router, rate=10.0, max_requests=10 * 900, time_limit=900)
+    load.start()
+    try:
+        run = fleet.run(shared={"mem_fraction_static": 0.8}, serial=1, **router_vars)
+    finally:
+        time.sleep(1.0)
+        load.stop()
+    summary = load.summary()
+    print("\nPD rolling redeploy behind smg 1.13.0: %s" % json.dumps(summary))
+    assert run.rc == 0, run.summary()
+    lines = pd_lines(run, host="prefill0")
+    assert lines[0].startswith("prefill/decode rollout: rolling"), lines
+    after = fleet.pids()
+    for host in FOUR:
+        assert run.row(host)["status"] == "deployed", run.row(host)
+        assert after[host] != before[host] and not alive(before[host]), host
+        assert fleet.info(host)["mem_fraction_static"] == 0.8
+        removed = run.task_result("Take the worker out of the router", host=host)
+        assert removed["changed"] is True and removed["removed"][0]["url"] == urls[host], removed
+        assert removed["ready_peers"] == 1, removed           # the other server of its role kept serving
+
+    # 3. No client request failed, and the load ran through the whole roll.
+    assert summary["failed"] == 0, "failed requests: %s" % load.failures[:10]
+    assert summary["ok"] == summary["sent"] and summary["sent"] >= 20, summary
+
+    # 4. The router lists the same four workers, with their roles, all Ready.
+    workers = pd_workers(router)
+    assert sorted(workers) == sorted(urls.values()), workers
+    assert all(w["is_healthy"] and w["status"] == "ready" for w in workers.values()), workers
+    assert sorted(w["worker_type"] for w in workers.values()) == ["decode", "decode", "prefill", "prefill"]
