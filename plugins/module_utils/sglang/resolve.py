@@ -1375,7 +1375,10 @@ def plan_resolution(args, version=DEFAULT_VERSION, arch=None, policy=DEFAULT_POL
     result["notes"].append("resolved by the node's SGLang %s (%s)" % (answer.get("sglang_version"), answer.get("python")))
     if not answer.get("ok"):
         error = answer.get("error") or {}
-        result["errors"] = policy_errors + [_oracle_error_line(answer.get("sglang_version") or version, error)]
+        # SGLang's own refusal first; when the mirror predicted a refusal too, its lines follow: they say why and
+        # what to set, where SGLang often says little (0.5.23's bare AssertionError for steps unset).
+        result["errors"] = policy_errors + [_oracle_error_line(answer.get("sglang_version") or version, error)] + [
+            "the collection's mirror of SGLang %s agrees: %s" % (version, e) for e in predicted["errors"] if e not in policy_errors]
         result["args"] = dict(rendered)
         result["adjustments"] = policy_adjustments
         if not predicted["errors"]:

@@ -292,6 +292,22 @@ def test_plan_node_refusal_is_the_error(model):
     assert plan["disagreements"][0]["mirror"] == "starts"
 
 
+def test_plan_node_refusal_keeps_the_mirrors_explanation(model):
+    # 0.5.23 refuses steps unset (topk and draft tokens set) with a bare AssertionError: the mirror, which
+    # predicted the same refusal, says why and what to set, after SGLang's own line.
+    def node(args):
+        return {"ok": False, "sglang_version": "0.5.23", "args": {}, "warnings": [], "python": "/p",
+                "error": {"type": "AssertionError", "message": ""}}
+
+    args = dict(model, speculative_algorithm="EAGLE3", speculative_eagle_topk=1, speculative_num_draft_tokens=16)
+    plan = engine.plan_resolution(args, "0.5.23", arch="LlamaForCausalLM", policy="mirror", gpu=H200, oracle=node)
+    assert plan["source"] == "node" and len(plan["errors"]) == 2, plan["errors"]
+    assert plan["errors"][0].startswith("SGLang 0.5.23 on the node refuses the arguments at startup: AssertionError")
+    assert plan["errors"][1].startswith("the collection's mirror of SGLang 0.5.23 agrees: speculative_num_steps: not set "
+                                        "while speculative_eagle_topk and speculative_num_draft_tokens are set")
+    assert not any(d["arg"] is None for d in plan["disagreements"])     # both refuse: no disagreement
+
+
 @pytest.mark.parametrize("oracle_policy, source, errors", [("auto", "mirror", 0), ("node", "none", 1)])
 def test_plan_fallback(model, oracle_policy, source, errors):
     def unavailable(args):
