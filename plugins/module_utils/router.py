@@ -601,6 +601,19 @@ class RouterWorker(object):
                 "every request routed to this server would fail with 401. Give the server the router's key "
                 "(--api-key), or run the router without --api-key." % self.url))
             return
+        role = str((self.p.get("worker_config") or {}).get("worker_type") or "").lower()
+        if self.router.api_version == API_1 and role in ("prefill", "decode") and not self.router_keyed():
+            # In PD mode smg 1.x dispatches to the prefill and the decode server with the caller's Authorization
+            # header and never with the key registered for the worker (measured on 1.13.0: a caller without a key
+            # gets 401 from a keyed prefill server, a caller with the servers' key gets 200). Behind a router
+            # without --api-key its callers send no key, so a keyed PD server fails every request.
+            self.probe_worker_key(None, (
+                "%s (a %s server) requires an API key (HTTP %%d on %%s), and this smg 1.x router has none. In PD mode "
+                "smg 1.x sends the caller's Authorization header to the prefill and decode servers, never "
+                "worker_api_key, so every request through the router would fail with 401. Give the router the "
+                "servers' key (--api-key, and sglang_router_api_key), or run the PD servers without --api-key."
+                % (self.url, role)))
+            return
         self.probe_worker_key(key, None)
 
     def router_keyed(self):

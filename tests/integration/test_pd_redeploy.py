@@ -209,35 +209,41 @@ SMG_PD_FLAGS = [
     "--worker-startup-check-interval", "1", "--disable-retries", "--log-level", "warn"]
 
 
-def start_pd_router(procs, tmp_path):
-    """smg 1.13.0 in PD mode with no worker: the playbook registers each one (worker_type, bootstrap_port, key)."""
+def start_pd_router(procs, tmp_path, api_key):
+    """smg 1.13.0 in PD mode with no worker: the playbook registers each one (worker_type, bootstrap_port, key).
+    The router has the servers' key: in PD mode smg 1.x sends its caller's Authorization header to the prefill and
+    decode servers, never the worker's registered key (test_sglang_router_worker measures it)."""
     port, prom = free_port(), free_port()
     argv = [_smg1(), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(prom)] + SMG_PD_FLAGS
+            "--prometheus-port", str(prom), "--api-key", api_key] + SMG_PD_FLAGS
     env = dict(os.environ, HF_HUB_OFFLINE="1", NO_PROXY="*", no_proxy="*")
     proc = procs.spawn(argv, env=env, log=tmp_path / "router.log")
     procs.track(proc.pid)
     url = "http://127.0.0.1:%d" % port
-    rr_wait(lambda: http_get(url + "/workers")[0] == 200, 30, what="smg on %s" % url)
+    rr_wait(lambda: http_get(url + "/workers", api_key=api_key)[0] == 200, 30, what="smg on %s" % url)
     return url
 
 
-def pd_workers(router):
-    status, data = http_get(router + "/workers")
+def pd_workers(router, api_key):
+    status, data = http_get(router + "/workers", api_key=api_key)
     assert status == 200, (status, data)
     return dict((w["url"], w) for w in data["workers"])
 
 
 def test_a_rolling_redeploy_behind_the_real_smg_in_pd_mode_loses_no_request(tmp_path, procs):
     fleet = Fleet(tmp_path, procs, hosts=FOUR)
-    router = start_pd_router(procs, tmp_path)
+    key = fleet[FOUR[0]].api_key
+    for host in FOUR:
+        fleet[host].api_key = key              # one key for the fleet and its router (see start_pd_router)
+    router = start_pd_router(procs, tmp_path, key)
     urls = dict((h, fleet[h].url) for h in FOUR)
-    router_vars = {"sglang_router_url": router, "sglang_router_drain_timeout": 60, "sglang_router_health_timeout": 30}
+    router_vars = {"sglang_router_url": router, "sglang_router_api_key": key, "sglang_router_drain_timeout": 60,
+                   "sglang_router_health_timeout": 30}
 
     # 1. The first deploy registers every server with its role (and a prefill server's bootstrap port).
     first = fleet.run(**router_vars)
     assert first.rc == 0, first.summary()
-    workers = pd_workers(router)
+    workers = pd_workers(router, key)
     assert sorted(workers) == sorted(urls.values()), workers
     for host, url in urls.items():
         w = workers[url]
@@ -248,7 +254,7 @@ def test_a_rolling_redeploy_behind_the_real_smg_in_pd_mode_loses_no_request(tmp_
     before = fleet.pids()
 
     # 2. A change outside the shared KV layout rolls host by host while clients keep sending through smg.
-    load = Load(router, rate=10.0, max_requests=10 * 900, time_limit=900)
+    load = Load(router, rate=10.0, max_requests=10 * 900, time_limit=900, api_key=key)
     load.start()
     try:
         run = fleet.run(shared={"mem_fraction_static": 0.8}, serial=1, **router_vars)
@@ -274,7 +280,7 @@ def test_a_rolling_redeploy_behind_the_real_smg_in_pd_mode_loses_no_request(tmp_
     assert summary["ok"] == summary["sent"] and summary["sent"] >= 20, summary
 
     # 4. The router lists the same four workers, with their roles, all Ready.
-    workers = pd_workers(router)
+    workers = pd_workers(router, key)
     assert sorted(workers) == sorted(urls.values()), workers
     assert all(w["is_healthy"] and w["status"] == "ready" for w in workers.values()), workers
     assert sorted(w["worker_type"] for w in workers.values()) == ["decode", "decode", "prefill", "prefill"]

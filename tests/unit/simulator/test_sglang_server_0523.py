@@ -637,3 +637,42 @@ class TestMultiNodeAttentionDP:
         rank0.signal(signal.SIGTERM)
         assert rank0.wait(30) == 0
         assert rank1.wait(30) == 0
+
+
+# =============================================================================
+# HTTP bodies: chunked requests, and a keep-alive connection after a 401 (uvicorn reads both right)
+# =============================================================================
+class TestRequestBodies:
+    KEY = "sk-bodies-" + "0a1b2c3d"
+
+    def _exchange(self, port, raw):
+        """Send ``raw`` bytes on one connection and return every response's status line."""
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(raw)
+            sock.shutdown(socket.SHUT_WR)
+            data = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        # A response's body runs straight into the next status line: find the status lines anywhere.
+        return re.findall(rb"HTTP/1\.1 (\d{3}) ", data)
+
+    def test_chunked_body_and_a_401_leave_the_connection_in_step(self, start):
+        srv = start(["--api-key", self.KEY])
+        srv.wait_healthy()
+        body = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 4}}).encode()
+        auth = ("Authorization: Bearer %s\r\n" % self.KEY).encode()
+        # 1. without the key (401, body never read by a handler), 2. chunked with the key, 3. a length-body
+        # request with the key: all three on one keep-alive connection.
+        first = (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                 % len(body)) + body
+        half = len(body) // 2
+        second = (b"POST /generate HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % half + body[:half] + b"\r\n"
+                  + b"%x\r\n" % (len(body) - half) + body[half:] + b"\r\n0\r\n\r\n")
+        third = (b"POST /generate HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+                 b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+        statuses = self._exchange(srv.port, first + second + third)
+        assert statuses == [b"401", b"200", b"200"], statuses

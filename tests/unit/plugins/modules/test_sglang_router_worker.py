@@ -1249,3 +1249,32 @@ def test_real_smg1_pd_mode(real):
     # And back, with its role and bootstrap port.
     res = run(dict(base, url=p1, worker_config={"worker_type": "prefill", "bootstrap_port": boot1}))
     assert res["changed"] is True and res["worker"]["worker_type"] == "prefill"
+
+
+def test_real_smg1_pd_mode_sends_the_callers_key_not_the_workers(real):
+    """smg 1.13.0 in PD mode dispatches with the caller's Authorization header, never the key registered for the
+    worker: behind a router without --api-key a keyed prefill/decode pair fails every request (measured here
+    first, so that the refusal below stays tied to what the router really does)."""
+    key = "wk-pd-" + "5e1f0c9a7b3d"
+    router = real.router(_smg1(), ["--pd-disaggregation", "--policy", "round_robin"])
+    boot = _closed_port()
+    p1, dummy = real.server("p1", args=["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
+                                        "--api-key", key])
+    d1, dummy = real.server("d1", args=["--disaggregation-mode", "decode", "--api-key", key])
+    for url, config in ((p1, {"worker_type": "prefill", "bootstrap_port": boot}), (d1, {"worker_type": "decode"})):
+        status, dummy, job = r.request("POST", router + "/workers", body=dict(config, url=url, api_key=key), timeout=10)
+        assert status in (200, 202), (status, job)
+    _wait(lambda: len([w for w in (_get(router + "/workers")[1] or {}).get("workers", [])
+                       if w.get("status") == "ready"]) == 2, 60, "both PD workers ready")
+    body = {"text": "tell me about GPUs", "sampling_params": {"max_new_tokens": 8}}
+    with_key = r.request("POST", router + "/generate", body=body, api_key=key, timeout=60)[0]
+    without = r.request("POST", router + "/generate", body=body, timeout=60)[0]
+    assert (with_key, without) == (200, 500), (with_key, without)     # 500: the router's prefill/decode 401
+
+    # So the module refuses to register a keyed PD server behind this keyless router, naming the fix.
+    r.request("DELETE", router + "/workers/" + [w["id"] for w in _get(router + "/workers")[1]["workers"]
+                                                if w["url"] == d1][0], timeout=10)
+    base = {"router_url": router, "poll_interval": 0.1, "request_timeout": 5, "timeout": 30}
+    res = run(dict(base, url=d1, worker_api_key=key, worker_config={"worker_type": "decode"}), expect_fail=True)
+    assert "In PD mode smg 1.x sends the caller's Authorization header" in res["msg"], res["msg"]
+    assert "(a decode server) requires an API key" in res["msg"] and key not in json.dumps(res)

@@ -107,9 +107,38 @@ class _Base(BaseHTTPRequestHandler):
             self.wfile.write(body)
         self._access_log(code)
 
+    def read_body(self) -> bytes:
+        """The request body, read once per request: ``Content-Length`` or ``Transfer-Encoding: chunked``
+        (uvicorn reads both; smg 1.x streams bodies chunked when it does not parse them)."""
+        if getattr(self, "_body", None) is not None:
+            return self._body
+        if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    break
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()  # the CRLF after each chunk
+            raw = b"".join(parts)
+        else:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length > 0 else b""
+        self._body = raw
+        return raw
+
+    def discard_body(self):
+        """After an answer that did not read the body (401, 404, 405): read it, as uvicorn does, or the next
+        request on this keep-alive connection would be parsed from the middle of it."""
+        try:
+            self.read_body()
+        except (OSError, ValueError):
+            self.close_connection = True
+
     def read_json(self):
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length > 0 else b""
+        raw = self.read_body()
         if not raw.strip():
             return {}
         return json.loads(raw.decode("utf-8"))
@@ -215,6 +244,14 @@ class Handler(_Base):
         return r
 
     def _dispatch(self, method):
+        self._body = None  # one handler object serves every request of a keep-alive connection
+        try:
+            self._dispatch_one(method)
+        finally:
+            if self._body is None and not self.close_connection:
+                self.discard_body()
+
+    def _dispatch_one(self, method):
         split = urlsplit(self.path)
         path = split.path
         self.query = {k: v[-1] for k, v in parse_qs(split.query).items()}
