@@ -176,7 +176,8 @@ def server_info(url, api_key):
         if SECRET_RE.search(key):
             continue
         if key in ("status", "version") or key.startswith("speculative_") \
-                or key in ("tp_size", "model_path", "host", "port", "max_running_requests"):
+                or key in ("tp_size", "model_path", "host", "port", "max_running_requests", "page_size",
+                           "disaggregation_mode"):
             keep[key] = value
     keep["avg_spec_accept_length"] = [state.get("avg_spec_accept_length") for state in info.get("internal_states") or []
                                       if isinstance(state, dict)]
