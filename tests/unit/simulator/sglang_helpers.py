@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -46,6 +47,37 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _binds(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port_block(span: int) -> int:
+    """A base port such that base .. base + span all bind now, for a server that derives ports from one base
+    (SGLang's dist_init_port + 1..6 and + 13 with attention DP).
+
+    Taken below the kernel's ephemeral range (ip_local_port_range) and below the simulator's NCCL ports
+    (22000-29999): a block inside the ephemeral range collides, under load, with the local ports of other
+    tests' outgoing connections and bind(0) ports, which the kernel hands out from that range (seen in CI:
+    rpc_port dist + 3 taken while the base was free)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            ephemeral_low = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    high = min(ephemeral_low, 22000) - span - 1
+    rng = random.Random()
+    for _attempt in range(500):
+        base = rng.randint(10000, high)
+        if all(_binds(p) for p in range(base, base + span + 1)):
+            return base
+    raise AssertionError("no %d free ports in a row between 10000 and %d" % (span + 1, high + span))
 
 
 def starttime(pid: int):

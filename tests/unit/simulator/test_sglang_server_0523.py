@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sglang_helpers import (  # noqa: E402 - after this directory is put on sys.path
-    GpuNode, ProcessRegistry, Server, cmdline, comm, free_port, make_model, wait_for,
+    GpuNode, ProcessRegistry, Server, cmdline, comm, free_port, free_port_block, make_model, wait_for,
 )
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics  # noqa: E402
@@ -263,9 +263,7 @@ class TestPorts:
         assert len(owners) == 1 and comm(owners.pop()) == "sglang::schedul"
 
     def test_attention_dp_binds_port_plus_233_plus_1_to_6(self, start):
-        port = free_port()
-        while port + 240 > 65535:
-            port = free_port()
+        port = free_port_block(240)       # --port and port + 233 .. + 239, off the ephemeral range
         srv = start(["--tp-size", "2", "--enable-dp-attention", "--dp-size", "2"], port=port)
         srv.wait_healthy()
         kids = srv.tree()
@@ -279,9 +277,7 @@ class TestPorts:
         assert listeners(port + 233) == set()            # dist_init_port itself: checked only
 
     def test_attention_dp_waits_for_a_busy_derived_port_then_fails(self, start):
-        port = free_port()
-        while port + 240 > 65535:
-            port = free_port()
+        port = free_port_block(240)       # --port and port + 233 .. + 239, off the ephemeral range
         blocker = socket.socket()
         blocker.bind(("127.0.0.1", port + 234 + 2))      # rpc_port (port_base + 2) taken
         blocker.listen(1)
@@ -621,9 +617,7 @@ class TestDisaggregation:
 
 class TestMultiNodeAttentionDP:
     def test_two_nodes_bind_dist_init_port_plus_1_to_6_and_13(self, start):
-        dist = free_port()
-        while dist + 20 > 65535:
-            dist = free_port()
+        dist = free_port_block(20)        # the base and the ports derived from it, all free, off the ephemeral range
         common = ["--tp-size", "4", "--nnodes", "2", "--dist-init-addr", "127.0.0.1:%d" % dist,
                   "--enable-dp-attention", "--dp-size", "2"]
         rank0 = start(common + ["--node-rank", "0"], env={"CUDA_VISIBLE_DEVICES": "0,1"}, name="rank0")
