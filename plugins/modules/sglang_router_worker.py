@@ -77,6 +77,9 @@ options:
         not inherit the router's key; the router then uses it for its checks and requests.
       - "It is also sent as C(Authorization: Bearer) when the drain check reads C(/v1/loads)."
       - The 0.1 API has no field for it; it is then used for the drain check only, with a warning.
+      - In PD mode smg 1.x sends the caller's C(Authorization) header to the prefill and decode servers, never this
+        key (measured on 1.13.0), so a keyed prefill or decode server behind an smg 1.x router without C(--api-key)
+        is refused with state V(present); give the router the servers' key instead.
       - Never returned or logged.
     type: str
   worker_config:
