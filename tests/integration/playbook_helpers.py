@@ -43,6 +43,8 @@ import socket
 import subprocess
 import sys
 import threading
+
+import pytest
 import time
 import urllib.error
 import urllib.request
@@ -742,3 +744,13 @@ class SimNode(object):
             if self.api_key in "\0".join(cmdline(pid)):
                 found.append("/proc/%d/cmdline" % pid)
         return found
+
+
+@pytest.fixture
+def procs():
+    """A :class:`Procs` for one test; fails the test if anything it started survives SIGKILL. A playbook test
+    module takes it with ``procs = playbook_helpers.procs`` (it replaces conftest's ProcTracker fixture there)."""
+    tracker = Procs()
+    yield tracker
+    left = tracker.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left

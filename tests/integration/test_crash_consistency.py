@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from playbook_helpers import FAST_SERVER_ENV, RESOLVED_SPEC, Procs, SimNode, alive, http_get, wait_for
+import playbook_helpers
+from playbook_helpers import FAST_SERVER_ENV, RESOLVED_SPEC, SimNode, alive, http_get, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -27,12 +28,7 @@ pytestmark = pytest.mark.slow
 BAD = {"sglang_server_spec_policy": "mirror"}
 
 
-@pytest.fixture
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
+procs = playbook_helpers.procs  # the shared fixture: what a test started is killed by PID at its end
 
 
 @pytest.fixture

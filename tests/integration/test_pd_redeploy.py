@@ -23,7 +23,8 @@ import urllib.request
 
 import pytest
 
-from playbook_helpers import Procs, SimNode, alive, free_port, http_get
+import playbook_helpers
+from playbook_helpers import SimNode, alive, free_port, http_get
 from test_router_rolling import Load, _smg1, wait_for as rr_wait  # noqa: E402 - helpers, not tests
 
 pytestmark = pytest.mark.slow
@@ -35,12 +36,7 @@ PD_CHECK = "Check that the prefill/decode rollout never pairs incompatible serve
 PREFLIGHT = "Plan the redeploy (inspect the node, resolve the args as its SGLang will, take the lease)"
 
 
-@pytest.fixture
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
+procs = playbook_helpers.procs  # the shared fixture: what a test started is killed by PID at its end
 
 
 class Fleet(object):

@@ -13,17 +13,13 @@ import os
 
 import pytest
 
-from playbook_helpers import FAST_SERVER_ENV, Procs, SimNode, alive, http_get
+import playbook_helpers
+from playbook_helpers import FAST_SERVER_ENV, SimNode, alive, http_get
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
+procs = playbook_helpers.procs  # the shared fixture: what a test started is killed by PID at its end
 
 
 def checkpoint(node, name, arch="DeepseekV3ForCausalLM", **config):
