@@ -30,6 +30,7 @@ import socket
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils import records
 from ansible_collections.gpufleet.sglang.plugins.module_utils import redeploy
 from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics as metrics
@@ -176,25 +177,15 @@ def num_text(value):
     return ("%d" % value) if float(value).is_integer() else ("%g" % value)
 
 
-def candidate_dir(config_dir):
-    return os.path.join(config_dir, "candidate")
-
-
-def known_good_dir(config_dir):
-    return os.path.join(config_dir, "known-good")
+candidate_dir = records.candidate_dir
+known_good_dir = records.known_good_dir
 
 
 def read_json(path):
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise LaunchError("%s cannot be read: %s" % (path, exc))
-    if not isinstance(data, dict):
-        raise LaunchError("%s does not hold a JSON object" % path)
-    return data
+        return records.read_json(path)
+    except records.RecordError as exc:
+        raise LaunchError(str(exc))
 
 
 def load_record(directory):

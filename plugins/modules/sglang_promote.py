@@ -126,11 +126,10 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as launch_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import records
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import unit as unit_mod
 
 FILES = (("server.json", 0o640), ("secrets.json", 0o600), ("config.yaml", 0o600), ("server.env", 0o600))
 
@@ -150,9 +149,13 @@ def running_fingerprint(state_dir):
 
 
 def promote(module, p):
-    candidate = launch_mod.candidate_dir(p["config_dir"])
-    known_good = launch_mod.known_good_dir(p["config_dir"])
-    record = launch_mod.read_json(os.path.join(candidate, "server.json"))
+    candidate = records.candidate_dir(p["config_dir"])
+    known_good = records.known_good_dir(p["config_dir"])
+    try:
+        record = records.read_json(os.path.join(candidate, "server.json"))
+    except records.RecordError as exc:
+        module.fail_json(msg="the candidate record cannot be promoted: %s; nothing was promoted, run the redeploy again" % exc,
+                         promoted=False)
     if record is None:
         module.fail_json(msg="there is no candidate record under %s to promote" % candidate, promoted=False)
     fp, pid = running_fingerprint(p["state_dir"])
@@ -161,7 +164,7 @@ def promote(module, p):
         unit_file = os.path.join(p["unit_dir"], p["unit"] or "sglang-%s.service" % p["name"])
         try:
             with open(unit_file, encoding="utf-8") as fh:
-                fp = unit_mod.identity_of(fh.read()) or fp
+                fp = records.identity_of(fh.read()) or fp
         except OSError:
             pass
     if fp != record.get("fingerprint"):

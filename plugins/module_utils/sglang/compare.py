@@ -20,7 +20,6 @@ import re
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import flags as flag_table
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as resolve_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import rules
 
 # Spellings SGLang normalises without changing behaviour (docs/reference/sglang-rules.md).
@@ -113,7 +112,12 @@ def lookup_effective(info, arg):
 
 def explain(arg, intended, running, version, args=None, adjustments=()):
     """One line: why ``arg`` runs ``running`` instead of ``intended``, from the preflight's adjustments (never a
-    second resolution)."""
+    second resolution).
+
+    The resolution mirror is imported here, on the first override only: a replace whose config runs as
+    intended never compiles it (module runs compile their imports from the AnsiballZ zip every time)."""
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as resolve_mod
+
     return resolve_mod.explain(arg, intended, running, version, args=args, adjustments=list(adjustments or []))
 
 

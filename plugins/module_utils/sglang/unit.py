@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils import records as _records
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render
 
-IDENTITY_PREFIX = "# gpufleet-identity: "
-_IDENTITY_RE = re.compile(r"^# gpufleet-identity: (\S+)\s*$", re.MULTILINE)
+# The identity comment is read back by modules that must not carry the renderer (records.py).
+IDENTITY_PREFIX = _records.IDENTITY_PREFIX
+identity_of = _records.identity_of
 
 
 def _path(path):
@@ -77,12 +79,6 @@ def render_unit(name, version, python, flags, env, fingerprint, user="", group="
         "",
     ]
     return "\n".join(lines)
-
-
-def identity_of(text):
-    """The identity a unit file names, or None."""
-    match = _IDENTITY_RE.search(text or "")
-    return match.group(1) if match else None
 
 
 def env_file_text(values):
