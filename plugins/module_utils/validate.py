@@ -32,11 +32,19 @@ RULES = {
     "sglang_smoke_max_new_tokens": ("int", 1, False, "tokens generated per smoke request (default 64)"),
     "sglang_smoke_min_tokens_per_s": ("number", 0, False, "the throughput floor of the smoke gate (0: off)"),
     "sglang_smoke_min_accept_length": ("number", 0, False, "the accept-length floor of the smoke gate (0: off)"),
+    "sglang_smoke_metrics_interval": ("number", 0, True, "seconds between two /metrics reads of the smoke gate (default 1)"),
     "sglang_lock_timeout": ("number", 0, False, "seconds to wait for another run's lease (default 900)"),
     "sglang_lease_ttl": ("number", 30, False, "seconds a lease lives without renewal (default 300)"),
     "sglang_router_drain_timeout": ("number", 0, True, "seconds to wait for the old server's in-flight requests (default 300)"),
     "sglang_router_health_timeout": ("number", 0, True, "seconds to wait for the router to list the worker Ready (default 120)"),
     "sglang_oracle_timeout": ("number", 0, True, "seconds the node's SGLang may take to resolve the arguments (default 120)"),
+}
+
+
+# Settings that take one of a few words: name -> (choices, meaning).
+CHOICES = {
+    "sglang_smoke_accept_length_source": (("auto", "metrics", "meta"),
+                                          "figure the smoke gate's accept length comes from (default auto)"),
 }
 
 
@@ -67,6 +75,12 @@ def check_settings(settings):
     """One message per bad setting in ``settings`` (variable name -> value); unknown names are ignored."""
     problems = []
     for name in sorted(settings or {}):
+        if name in CHOICES and settings[name] is not None:
+            choices, meaning = CHOICES[name]
+            if settings[name] not in choices:
+                problems.append("%s: must be one of %s, got %r; it is the %s" % (
+                    name, ", ".join(choices), settings[name], meaning))
+            continue
         if name not in RULES:
             continue
         value = settings[name]

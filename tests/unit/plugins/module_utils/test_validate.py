@@ -213,3 +213,26 @@ def test_float_infinity_fails_like_the_string_inf(name):
     # number rule: _is_number() excludes nan only.
     assert_one_problem(name, "inf")
     assert_one_problem(name, float("inf"))
+
+
+@pytest.mark.parametrize("name", sorted(validate.CHOICES))
+def test_choice_settings_refuse_other_words_and_name_the_choices(name):
+    choices, meaning = validate.CHOICES[name]
+    for good in choices:
+        assert one(name, good) == []
+    assert one(name, None) == []                        # unset
+    for bad in ("", "Metrics", "server_info", 3):
+        problems = one(name, bad)
+        assert len(problems) == 1 and problems[0].startswith(name + ":"), problems
+        assert all(c in problems[0] for c in choices) and meaning in problems[0], problems
+
+
+def test_the_smoke_choices_are_the_smoke_modules():
+    # The preflight refuses, before anything is touched, what the smoke module would refuse after the outage.
+    import ast
+    import inspect
+    from ansible_collections.gpufleet.sglang.plugins.modules import sglang_smoke
+    tree = ast.parse(inspect.getsource(sglang_smoke.main))
+    spec = next(node for node in ast.walk(tree) if isinstance(node, ast.keyword) and node.arg == "accept_length_source")
+    choices = next(k.value for k in spec.value.keywords if k.arg == "choices")
+    assert tuple(ast.literal_eval(choices)) == validate.CHOICES["sglang_smoke_accept_length_source"][0]
