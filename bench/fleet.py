@@ -203,7 +203,9 @@ def analyse_host(h, recs, module_runs, t0, t1, smi_calls=()):
            "module_cpu": sum(m["cpu"] for m in module_runs), "wrapper_cpu": sum(m["shell_cpu"] for m in module_runs)}
     out["executed"] = out["tasks"] - out["skipped"]
     replace = [r for r in recs if r["action"].endswith(("sglang_replace", "sglang_launch")) and r["status"] == "ok"]
-    smoke = [r for r in recs if r["action"].endswith("sglang_smoke") and r["status"] == "ok"]
+    # The smoke gate runs in sglang_promote (smoke_gate) on a single-node server, in sglang_smoke otherwise.
+    smoke = [r.get("smoke") or r for r in recs if r["status"] == "ok" and (
+        r["action"].endswith("sglang_smoke") or (r["action"].endswith("sglang_promote") and r.get("smoke")))]
     exits = [s.get("seconds_to_exit") for r in recs if r["action"].endswith(("sglang_replace", "gpu_drain"))
              for s in r.get("signalled") or [] if s.get("seconds_to_exit") is not None]
     out["shutdown_s"] = max(exits) if exits else 0.0

@@ -86,6 +86,9 @@ class CallbackModule(CallbackBase):
         for key in ("timings", "steps", "torn_down"):
             if key in res:
                 rec[key] = _plain(res[key])
+        gate = res.get("smoke")
+        if isinstance(gate, dict) and "elapsed" in gate:      # sglang_promote's smoke_gate
+            rec["smoke"] = {"elapsed": _plain(gate.get("elapsed")), "tokens_per_s": _plain(gate.get("tokens_per_s"))}
         launch = res.get("launch")
         if isinstance(launch, dict):
             rec["launch"] = {"pid": _plain(launch.get("pid")), "startup_s": _plain(launch.get("startup_s"))}

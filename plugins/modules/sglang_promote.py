@@ -17,6 +17,10 @@ description:
   - With O(promote=false) it only writes O(outcome) into the journal (when the run ends otherwise) and releases
     the lease.
   - Releases the node lease this run holds (O(release)).
+  - With O(smoke_gate), it first runs the smoke gate of M(gpufleet.sglang.sglang_smoke) against the candidate
+    (the same requests, figures and gates), keeping the lease alive meanwhile, and promotes only when the gate
+    passes: the redeploy's last module run on a single-node server. A failed gate promotes nothing, keeps the lease
+    for the caller's rollback, and returns RV(failed_step=smoke) with the figures in RV(smoke).
 options:
   name:
     description: Server instance name.
@@ -58,9 +62,71 @@ options:
     type: str
     default: ""
   smoke:
-    description: The smoke gate's figures, kept in the journal with the promotion.
+    description:
+      - The smoke gate's figures, kept in the journal with the promotion (a gate run elsewhere).
+      - Ignored with O(smoke_gate), whose own figures are kept.
     type: dict
     default: {}
+  smoke_gate:
+    description:
+      - Run the smoke gate first and promote only when it passes. The options are those of
+        M(gpufleet.sglang.sglang_smoke), which documents each one in full.
+      - Only with O(promote=true). Skipped in check mode (nothing is sent).
+    type: dict
+    suboptions:
+      url:
+        description: Base URL of the server.
+        type: str
+        required: true
+      api_key:
+        description: Bearer key, when the server runs with C(--api-key).
+        type: str
+      requests:
+        description: Number of requests (150 or more catches the hang after a relaunch that follows a SIGKILL).
+        type: int
+        default: 8
+      concurrency:
+        description: Requests in flight at once.
+        type: int
+        default: 1
+      max_new_tokens:
+        description: C(sampling_params.max_new_tokens) of every request.
+        type: int
+        default: 64
+      prompt:
+        description: Prompt text of every request.
+        type: str
+        default: Write one sentence about GPUs.
+      min_tokens_per_s:
+        description: Lowest acceptable throughput in completion tokens per second (V(0) disables the gate).
+        type: float
+        default: 0
+      min_accept_length:
+        description: Lowest acceptable speculative accept length (V(0) disables the gate).
+        type: float
+        default: 0
+      accept_length_source:
+        description: Which accept length gates (see M(gpufleet.sglang.sglang_smoke)).
+        type: str
+        choices: [auto, metrics, meta]
+        default: auto
+      metrics_interval:
+        description: Seconds between two reads of C(/metrics) while requests run.
+        type: float
+        default: 1.0
+      timeout:
+        description: Overall budget of the gate in seconds.
+        type: float
+        default: 300
+      request_timeout:
+        description: Seconds one request may take before it counts as a hang.
+        type: float
+        default: 120
+      disaggregation_mode:
+        description: The server's C(--disaggregation-mode); a prefill server is not gated on throughput or accept length.
+        type: str
+        choices: ["null", prefill, decode]
+        default: "null"
   run_id:
     description: This redeploy's run id.
     type: str
@@ -88,6 +154,7 @@ attributes:
 seealso:
   - module: gpufleet.sglang.sglang_replace
   - module: gpufleet.sglang.sglang_preflight
+  - module: gpufleet.sglang.sglang_smoke
 """
 
 EXAMPLES = r"""
@@ -100,6 +167,18 @@ EXAMPLES = r"""
     run_id: "{{ sglang_run_id }}"
     lease: {path: /run/lock/gpufleet-sglang-main.lock}
     smoke: "{{ smoke_result }}"
+
+- name: Gate the candidate with the smoke requests, then promote it, in one module run
+  gpufleet.sglang.sglang_promote:
+    name: main
+    config_dir: /etc/sglang/main
+    state_dir: /var/lib/sglang/main
+    run_id: "{{ sglang_run_id }}"
+    lease: {path: /run/lock/gpufleet-sglang-main.lock}
+    smoke_gate:
+      url: http://127.0.0.1:30000
+      requests: 150
+      min_accept_length: 2.5
 """
 
 RETURN = r"""
@@ -119,6 +198,17 @@ journal_step:
   description: The journal step after the module.
   returned: always
   type: str
+smoke:
+  description:
+    - With O(smoke_gate), the gate's figures, as M(gpufleet.sglang.sglang_smoke) returns them
+      (C(tokens_per_s), C(accept_length), C(hang), C(requests), ...); V({skipped, why}) in check mode.
+  returned: when O(smoke_gate) is set
+  type: dict
+  sample: {"tokens_per_s": 131.4, "accept_length": 2.95, "accept_length_source": "metrics", "hang": null}
+failed_step:
+  description: V(smoke) when the smoke gate failed (nothing was promoted and the lease is still held).
+  returned: when the smoke gate failed
+  type: str
 """
 
 import os
@@ -128,6 +218,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import records
+from ansible_collections.gpufleet.sglang.plugins.module_utils import smoke as smoke_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
 
@@ -148,7 +239,9 @@ def running_fingerprint(state_dir):
     return None, None
 
 
-def promote(module, p):
+def promote(module, p, gate=None):
+    """Check that the candidate record is the config that runs now, run the smoke gate (``gate``, with
+    smoke_gate), then copy the record to known-good, enable the unit and settle the journal."""
     candidate = records.candidate_dir(p["config_dir"])
     known_good = records.known_good_dir(p["config_dir"])
     try:
@@ -170,8 +263,11 @@ def promote(module, p):
     if fp != record.get("fingerprint"):
         module.fail_json(msg="the candidate record (%s) is not the config that runs now (%s): promote only what was verified; "
                              "run the redeploy again" % (record.get("fingerprint"), fp or "nothing runs"), promoted=False)
+    extra = {}
+    if p["smoke_gate"] is not None:
+        extra["smoke"] = p["smoke"] = gate()
     if module.check_mode:
-        return {"promoted": False, "known_good": {"dir": known_good, "fingerprint": record.get("fingerprint")}}
+        return dict(extra, promoted=False, known_good={"dir": known_good, "fingerprint": record.get("fingerprint")})
     if not os.path.isdir(known_good):
         os.makedirs(known_good, 0o750)
     for name, mode in FILES:
@@ -198,7 +294,27 @@ def promote(module, p):
     journal_mod.record(journal_path, p["run_id"], journal_mod.PROMOTED, detail=p["detail"] or "candidate promoted to known-good",
                        known_good={"fingerprint": record.get("fingerprint")},
                        candidate={"fingerprint": record.get("fingerprint"), "pid": pid})
-    return {"promoted": True, "known_good": {"dir": known_good, "fingerprint": record.get("fingerprint")}}
+    return dict(extra, promoted=True, known_good={"dir": known_good, "fingerprint": record.get("fingerprint")})
+
+
+def smoke_gate(module, p):
+    """Run the smoke gate against the candidate, the lease kept alive meanwhile: its figures, or fail the module
+    (nothing promoted, the lease kept for the caller's rollback)."""
+    gate = p["smoke_gate"]
+    if module.check_mode:
+        return {"skipped": True, "why": "check mode sends no requests"}
+    lease_path = (p["lease"] or {}).get("path")
+    with lease_mod.KeepAlive(lease_path, p["run_id"]) as keepalive:
+        summary, problems = smoke_mod.run(gate)
+        if lease_path:
+            keepalive.beat()       # one last renewal: a take-over between two beats is seen before anything is copied
+    if problems:
+        module.fail_json(msg=smoke_mod.failure_message(problems), failed_step="smoke", smoke=summary, promoted=False,
+                         released=False, known_good={})
+    if lease_path and keepalive.lost is not None:
+        module.fail_json(msg="the smoke gate passed, but %s; nothing was promoted" % keepalive.lost, promoted=False,
+                         released=False, known_good={}, smoke=summary)
+    return summary
 
 
 def main():
@@ -214,6 +330,7 @@ def main():
             outcome=dict(type="str", default="none", choices=["none", "failed", "rolled_back", "stopped"]),
             detail=dict(type="str", default=""),
             smoke=dict(type="dict", default={}),
+            smoke_gate=dict(type="dict", options=smoke_mod.OPTIONS),
             run_id=dict(type="str", required=True),
             lease=dict(type="dict", default={}),
             release=dict(type="bool", default=True),
@@ -222,8 +339,14 @@ def main():
     )
     p = module.params
     result = {"changed": False, "promoted": False, "released": False, "known_good": {}}
+    if p["smoke_gate"] is not None:
+        if not p["promote"]:
+            module.fail_json(msg="smoke_gate needs promote=true: the gate decides whether the candidate is promoted")
+        problem = smoke_mod.check_params(p["smoke_gate"], prefix="smoke_gate.")
+        if problem:
+            module.fail_json(msg=problem + "; nothing was promoted", promoted=False, released=False)
     if p["promote"]:
-        result.update(promote(module, p))
+        result.update(promote(module, p, gate=lambda: smoke_gate(module, p)))
         result["changed"] = result["promoted"]
     elif p["outcome"] != "none" and not module.check_mode:
         path = journal_mod.path_for(p["state_dir"])

@@ -120,7 +120,7 @@ REPLACE = "Replace the server in one module run, candidate all"
 ROLLBACK = "Replace the server in one module run, known_good all"
 TEARDOWN = "Replace the server in one module run, candidate teardown"
 SMOKE = "Run the smoke benchmark"
-PROMOTE = "Promote the verified config to known-good and release the lease"
+PROMOTE = "Promote the verified config to known-good and release the lease (the smoke gate first, when given)"
 
 
 def adjustment_lines(run):
@@ -185,8 +185,11 @@ def test_happy_path_replaces_the_incident_server(node):
     assert "--config" in cmdline(new_pid)
     assert_gpus(node, TARGET_GPUS)
 
-    smoke = run.task_result(SMOKE)
+    # The smoke gate ran in the promote module run (a single-node server), before anything was promoted.
+    assert not run.ran(SMOKE)
+    smoke = run.task_result(PROMOTE)["smoke"]
     assert smoke["accept_length"] >= 2.0 and smoke["tokens_per_s"] > 0, smoke
+    assert smoke["requests"]["failed"] == 0 and smoke["hang"] is None, smoke
 
     # The report: documented keys, status deployed, masked args.
     row = run.row()
@@ -216,11 +219,15 @@ def test_happy_path_replaces_the_incident_server(node):
     assert run.task_result(PROMOTE)["promoted"] is True and not node.lock_path.exists()
     assert node.journal()["step"] == "promoted"
 
-    # Four module runs on the node for the whole redeploy, and under 40 tasks.
+    # Three module runs on the node for the whole redeploy (preflight, replace, smoke gate + promote), and under 40
+    # tasks (21 here: 14 executed, 7 skipped).
     module_tasks = [t for t in (PREFLIGHT, REPLACE, SMOKE, PROMOTE) if run.ran(t)]
-    assert len(module_tasks) == 4
+    assert module_tasks == [PREFLIGHT, REPLACE, PROMOTE]
     stats = run.host_stats()
     assert stats["ok"] + stats["skipped"] <= 40, stats
+    journal = node.journal()
+    assert [h["step"] for h in journal["history"]][-2:] == ["verified", "promoted"], journal["history"]
+    assert journal["smoke"]["accept_length"] == smoke["accept_length"], journal
 
     # The verified config is the node's known-good now.
     known_good = json.loads((node.etc / "known-good" / "server.json").read_text())
@@ -384,11 +391,11 @@ def test_smoke_gate_failure_rolls_back_to_the_known_good_config(node):
 
     launch = run.task_result(REPLACE)["launch"]
     assert run.task_result(REPLACE)["failed"] is False and launch["overrides"] == [], launch
-    smoke = run.task_result(SMOKE)
-    assert smoke["failed"] is True, smoke
-    assert re.fullmatch(r"Smoke gate failed: accept length (\d+\.\d+) is below min_accept_length 2\.00.*", smoke["msg"],
-                        re.S), smoke["msg"]
-    assert float(smoke["accept_length"]) < 2.0, smoke
+    gate = run.task_result(PROMOTE)        # the smoke gate runs first in the promote module run
+    assert gate["failed"] is True and gate["failed_step"] == "smoke" and gate["promoted"] is False, gate
+    assert re.fullmatch(r"Smoke gate failed: accept length (\d+\.\d+) is below min_accept_length 2\.00.*", gate["msg"],
+                        re.S), gate["msg"]
+    assert float(gate["smoke"]["accept_length"]) < 2.0, gate
     rollback = run.task_result(ROLLBACK)
     assert rollback["failed"] is False and rollback["target"] == "known_good", rollback
 

@@ -228,11 +228,6 @@ def test_choice_settings_refuse_other_words_and_name_the_choices(name):
 
 
 def test_the_smoke_choices_are_the_smoke_modules():
-    # The preflight refuses, before anything is touched, what the smoke module would refuse after the outage.
-    import ast
-    import inspect
-    from ansible_collections.gpufleet.sglang.plugins.modules import sglang_smoke
-    tree = ast.parse(inspect.getsource(sglang_smoke.main))
-    spec = next(node for node in ast.walk(tree) if isinstance(node, ast.keyword) and node.arg == "accept_length_source")
-    choices = next(k.value for k in spec.value.keywords if k.arg == "choices")
-    assert tuple(ast.literal_eval(choices)) == validate.CHOICES["sglang_smoke_accept_length_source"][0]
+    # The preflight refuses, before anything is touched, what the smoke gate would refuse after the outage.
+    from ansible_collections.gpufleet.sglang.plugins.module_utils import smoke
+    assert tuple(smoke.OPTIONS["accept_length_source"]["choices"]) == validate.CHOICES["sglang_smoke_accept_length_source"][0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -265,3 +266,134 @@ def test_bug_a_systemd_candidate_that_is_not_what_runs_is_refused_too(paths, mon
     res = run_module(sglang_promote, paths.args(manager="systemd", unit_dir=str(paths.unit_dir)), monkeypatch)
     assert res["failed"] is True and res["promoted"] is False and "is not the config that runs now" in res["msg"]
     assert not paths.known_good.exists()
+
+
+# ---------------------------------------------------------------------------
+# smoke_gate: the smoke gate, then the promotion, in one module run
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_server():
+    from test_sglang_smoke import FakeSGLang      # this directory is on sys.path (above)
+    fake = FakeSGLang()
+    yield fake
+    fake.close()
+
+
+def gate_args(fake, **extra):
+    gate = {"url": fake.url, "requests": 4, "concurrency": 2, "max_new_tokens": 64, "metrics_interval": 0.2}
+    gate.update(extra)
+    return gate
+
+
+def test_smoke_gate_passes_then_promotes_and_keeps_the_figures(paths, fake_server, monkeypatch):
+    paths.candidate_files()
+    paths.running()
+    journal_at(paths, "R1", journal_mod.LAUNCHED)
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+    acting = []
+
+    def generate(index):
+        # While the gate runs, the lease names this module run (this process) as the one acting for its holder.
+        acting.append(lease_mod.read_holder(str(paths.lease)).get("node_pid"))
+        return 200, {"text": " GPUs are fast.", "meta_info": {"completion_tokens": 64, "spec_verify_ct": 22}}
+
+    fake_server.generate = generate
+    res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server, min_accept_length=2.5)), monkeypatch)
+    assert res["failed"] is False and res["promoted"] is True and res["released"] is True, res
+    assert res["smoke"]["requests"] == {"sent": 4, "ok": 4, "failed": 0}
+    assert res["smoke"]["accept_length"] == pytest.approx(64 / 22.0, abs=1e-3) and res["smoke"]["tokens_per_s"] > 0
+    assert fake_server.paths("POST") == ["/generate"] * 4
+    assert acting == [os.getpid()] * 4
+    entry = paths.journal()
+    assert [h["step"] for h in entry["history"]] == ["launched", "verified", "promoted"]
+    assert entry["smoke"]["accept_length"] == res["smoke"]["accept_length"]
+    assert (paths.known_good / "server.json").exists() and not paths.lease.exists()
+
+
+def test_a_failed_smoke_gate_promotes_nothing_and_keeps_the_lease_for_the_rollback(paths, fake_server, monkeypatch):
+    paths.candidate_files()
+    paths.running()
+    journal_at(paths, "R1", journal_mod.LAUNCHED)
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+    # The incident: 2 draft tokens, accept length 1.6 against a gate of 2.5.
+    fake_server.generate = lambda index: (200, {"text": "x", "meta_info": {"completion_tokens": 64, "spec_verify_ct": 40}})
+    res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server, min_accept_length=2.5)), monkeypatch)
+    assert res["failed"] is True and res["failed_step"] == "smoke" and res["promoted"] is False, res
+    assert res["msg"] == "Smoke gate failed: accept length 1.60 is below min_accept_length 2.50", res["msg"]
+    assert res["smoke"]["accept_length"] == 1.6 and res["released"] is False
+    assert not paths.known_good.exists()
+    assert paths.journal()["step"] == journal_mod.LAUNCHED            # the caller's rollback settles it
+    assert lease_mod.read_holder(str(paths.lease))["owner"] == "R1"     # still this run's, for the rollback
+    assert lease_mod.read_holder(str(paths.lease)).get("node_pid") is None
+
+
+def test_a_hang_in_the_smoke_gate_names_the_request(paths, fake_server, monkeypatch):
+    paths.candidate_files()
+    paths.running()
+    fake_server.delays = lambda index: 3.0 if index >= 3 else 0.0
+    res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server, concurrency=1, request_timeout=0.5)),
+                     monkeypatch)
+    assert res["failed"] is True and res["failed_step"] == "smoke", res
+    assert re.match(r"Smoke gate failed: request 3 of 4 \(rid gpufleet-smoke-[0-9a-f]{12}-3\) did not answer within 0\.5 s",
+                    res["msg"]), res["msg"]
+
+
+def test_the_smoke_gate_runs_only_for_the_config_that_runs(paths, fake_server, monkeypatch):
+    paths.candidate_files()
+    paths.running(fingerprint="sha256:" + "cd" * 32)
+    res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server)), monkeypatch)
+    assert res["failed"] is True and "is not the config that runs now" in res["msg"], res
+    assert fake_server.requests == []                                  # no request sent to the wrong server
+
+
+@pytest.mark.parametrize("gate, promote, expected", [
+    ({"requests": 0}, True, "smoke_gate.requests must be at least 1, got 0; nothing was promoted"),
+    ({"timeout": 0}, True, "smoke_gate.timeout must be a positive number of seconds, got 0.0; nothing was promoted"),
+    ({}, False, "smoke_gate needs promote=true: the gate decides whether the candidate is promoted"),
+])
+def test_bad_smoke_gate_settings_are_refused_before_anything(paths, fake_server, monkeypatch, gate, promote, expected):
+    paths.candidate_files()
+    paths.running()
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+    res = run_module(sglang_promote, paths.args(promote=promote, smoke_gate=gate_args(fake_server, **gate)), monkeypatch)
+    assert res["failed"] is True and res["msg"] == expected, res
+    assert fake_server.requests == [] and not paths.known_good.exists() and paths.lease.exists()
+
+
+def test_check_mode_sends_no_smoke_request(paths, fake_server, monkeypatch):
+    paths.candidate_files()
+    paths.running()
+    res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server)), monkeypatch, check=True)
+    assert res["failed"] is False and res["promoted"] is False, res
+    assert res["smoke"] == {"skipped": True, "why": "check mode sends no requests"}
+    assert fake_server.requests == [] and not paths.known_good.exists()
+
+
+def test_the_smoke_gates_api_key_is_sent_and_never_returned(paths, fake_server, monkeypatch):
+    paths.candidate_files()
+    paths.running()
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+    fake_server.api_key = "sk-smoke-gate-7"
+    res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server, api_key="sk-smoke-gate-7")), monkeypatch)
+    assert res["failed"] is False and res["promoted"] is True, res.get("msg")
+    assert {r["auth"] for r in fake_server.requests} == {"Bearer sk-smoke-gate-7"}
+    assert "sk-smoke-gate-7" not in json.dumps(res)
+
+
+def test_a_lease_lost_during_the_smoke_gate_promotes_nothing(paths, fake_server, monkeypatch):
+    paths.candidate_files()
+    paths.running()
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+
+    def generate(index):
+        if index == 2:      # another run takes the node over while the gate runs
+            lease_mod.release(str(paths.lease), "R1")
+            lease_mod.acquire(str(paths.lease), "R2", ttl=60)
+        return 200, {"text": "x", "meta_info": {"completion_tokens": 8, "spec_verify_ct": 3}}
+
+    fake_server.generate = generate
+    res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server, concurrency=1)), monkeypatch)
+    assert res["failed"] is True and res["promoted"] is False, res
+    assert "no longer held by run R1" in res["msg"] and "nothing was promoted" in res["msg"], res["msg"]
+    assert not paths.known_good.exists() and lease_mod.read_holder(str(paths.lease))["owner"] == "R2"
