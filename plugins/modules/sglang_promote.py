@@ -19,8 +19,8 @@ description:
   - Releases the node lease this run holds (O(release)).
   - With O(smoke_gate), it first runs the smoke gate of M(gpufleet.sglang.sglang_smoke) against the candidate
     (the same requests, figures and gates), keeping the lease alive meanwhile, and promotes only when the gate
-    passes: the redeploy's last module run on a single-node server. A failed gate promotes nothing, keeps the lease
-    for the caller's rollback, and returns RV(failed_step=smoke) with the figures in RV(smoke).
+    passes. This is the redeploy's last module run on a single-node server. A failed gate promotes nothing, keeps
+    the lease for the caller's rollback, and returns RV(failed_step=smoke) with the figures in RV(smoke).
 options:
   name:
     description: Server instance name.
