@@ -150,6 +150,7 @@ class _Drain(object):
     def snapshot(self):
         snap = self.target.snapshot()
         self.result['backend'] = snap['backend']
+        self.last_snapshot = snap
         return snap
 
     # -- setup ------------------------------------------------------------
@@ -507,15 +508,23 @@ class _Drain(object):
         return self.result
 
 
-def run_drain(params, runner, check_mode=False, warn=None, which=None, nvml=None):
+def run_drain(params, runner, check_mode=False, warn=None, which=None, nvml=None, keep=None):
     """Run the drain; returns the result dict or raises :class:`DrainError` (see the module docstring).
 
     ``warn(text)`` receives each warning; without it they are returned in
     ``result['warnings']``. ``which(name)`` finds executables (default: PATH).
+    ``keep`` (a dict) receives ``last_snapshot``: the last GPU snapshot the drain took, after everything it
+    did, so that a caller that proves the GPUs free next can judge it before querying again.
     """
     full = defaults()
     full.update(params or {})
-    return _Drain(full, runner, check_mode, warn, which=which, nvml=nvml).run()
+    drain = _Drain(full, runner, check_mode, warn, which=which, nvml=nvml)
+    drain.last_snapshot = None
+    try:
+        return drain.run()
+    finally:
+        if keep is not None:
+            keep['last_snapshot'] = drain.last_snapshot
 
 
 __all__ = ['ARGUMENT_SPEC', 'DrainError', 'defaults', 'holder_lines', 'run_drain']

@@ -251,8 +251,9 @@ def device_users(index, patterns, listed):
 # ---------------------------------------------------------------------------
 
 class _Assert(object):
-    def __init__(self, params, runner, warn, which=None, nvml=None, clock=None, sleep=None):
+    def __init__(self, params, runner, warn, which=None, nvml=None, clock=None, sleep=None, first=None):
         self.p = params
+        self.first = first
         self.runner = runner
         self.warn_cb = warn
         self.which = which
@@ -300,6 +301,12 @@ class _Assert(object):
         self.result['driver'] = snap['driver']
         return snap
 
+    def given(self, snap):
+        self.result['reused_snapshot'] = True
+        self.result['backend'] = snap['backend']
+        self.result['driver'] = snap['driver']
+        return snap
+
     def evaluate(self, snap):
         """Returns ``(done, targets, problems)``; fails at once for errors waiting cannot fix."""
         driver = snap['driver']
@@ -330,8 +337,13 @@ class _Assert(object):
             self.sleep(deadline.clamp(p['delay']))
         seen = {'targets': None, 'problems': None}
 
+        usable = self.first is not None and (self.first.get('driver') or {}).get('ok') and not p['delay']
+        first = [self.first] if usable else []
+
         def check():
-            done, targets, problems = self.evaluate(self.poll())
+            # A snapshot the caller took just before (the drain's last, after its processes exited) is judged
+            # first; only when it does not pass yet does the assert query the GPUs itself.
+            done, targets, problems = self.evaluate(self.given(first.pop()) if first else self.poll())
             if targets is not None:
                 seen['targets'], seen['problems'] = targets, problems
             return done
@@ -370,15 +382,18 @@ class _Assert(object):
         self.fail('; '.join(d['summary'] for d in diagnosis), diagnosis=diagnosis)
 
 
-def run_assert(params, runner, check_mode=False, warn=None, which=None, nvml=None, clock=None, sleep=None):
+def run_assert(params, runner, check_mode=False, warn=None, which=None, nvml=None, clock=None, sleep=None,
+               first_snapshot=None):
     """Wait for the GPUs; returns the result or raises :class:`VerifyError` (see the module docstring).
 
     The assert only reads, so ``check_mode`` changes nothing. ``clock`` and
     ``sleep`` are injectable for tests (a fake clock makes the schedule exact).
+    ``first_snapshot``: a snapshot from the same backend, taken just before by the caller (sglang_replace hands
+    over the drain's last one), judged before the first query of its own (never with a ``delay``).
     """
     full = defaults()
     full.update(params or {})
-    return _Assert(full, runner, warn, which=which, nvml=nvml, clock=clock, sleep=sleep).run()
+    return _Assert(full, runner, warn, which=which, nvml=nvml, clock=clock, sleep=sleep, first=first_snapshot).run()
 
 
 __all__ = ['ARGUMENT_SPEC', 'VerifyError', 'defaults', 'judge', 'diagnose', 'device_users', 'run_assert']

@@ -159,8 +159,10 @@ class Replace(object):
                 self.module.warn("stopping %s failed (%s); the drain stops its processes by PID" % (unit, exc))
         params = _typed(drain_engine.ARGUMENT_SPEC, dict((k, v) for k, v in td.items() if k in drain_engine.ARGUMENT_SPEC),
                         "teardown")
+        kept = {}
         try:
-            drained = drain_engine.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn)
+            drained = drain_engine.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn,
+                                             keep=kept)
         except drain_engine.DrainError as exc:
             self.result["signalled"] = (exc.result or {}).get("signalled", [])
             self.result["drain"] = exc.result
@@ -168,7 +170,9 @@ class Replace(object):
         self.result["signalled"] = drained.get("signalled", [])
         self.result["drain"] = drained
         self.result["timings"]["teardown_s"] = round(time.monotonic() - t0, 3)
-        self.verify_gpus("free", td.get("gpus") or [])
+        # The drain's last snapshot was taken after every process it stopped had exited: judged first, it saves a
+        # second nvidia-smi round inside the outage when the GPUs are free already.
+        self.verify_gpus("free", td.get("gpus") or [], first_snapshot=kept.get("last_snapshot"))
         self.wait_ports(td.get("ports") or [])
         self.mark(journal_mod.TORN_DOWN, detail="the target GPUs and ports are free")
         self.part = "launch"
@@ -186,7 +190,7 @@ class Replace(object):
             raise gpu_verify.VerifyError("the new server's ports are still in use %.0f s after the teardown: %s" % (
                 timeout, "; ".join(sockets.describe(b) for b in busy)), {"ports": busy})
 
-    def verify_gpus(self, state, gpus):
+    def verify_gpus(self, state, gpus, first_snapshot=None):
         if state == "allocated":
             self.part = "verify allocated"
         vp = dict(self.p["verify"] or {})
@@ -201,7 +205,8 @@ class Replace(object):
             given["require_no_processes"] = False
         params = _typed(gpu_verify.ARGUMENT_SPEC, given, "verify")
         t0 = time.monotonic()
-        result = gpu_verify.run_assert(params, _runner(self.module), check_mode=False, warn=self.module.warn)
+        result = gpu_verify.run_assert(params, _runner(self.module), check_mode=False, warn=self.module.warn,
+                                       first_snapshot=first_snapshot)
         self.result["gpus_%s" % state] = result.get("gpus", [])
         self.result["timings"]["verify_%s_s" % state] = round(time.monotonic() - t0, 3)
         return result

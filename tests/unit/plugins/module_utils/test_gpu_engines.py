@@ -276,3 +276,48 @@ def test_bad_options_fail_before_anything_is_read():
             drain.run_drain(bad, runner)
         assert words in exc.value.msg
     assert calls == []
+
+
+def counting_runner():
+    calls = []
+    inner = gpu_target.subprocess_run()
+
+    def run(argv, *args, **kwargs):
+        calls.append(list(argv))
+        return inner(argv, *args, **kwargs)
+    return run, calls
+
+
+def test_the_drains_last_snapshot_proves_the_gpus_free_without_a_second_query(node, subreaper):
+    started = []
+    start_server(node, started, "graceful", gpu=0)
+    kept = {}
+    res = drain.run_drain(params(node, gpus=[0]), gpu_target.subprocess_run(), keep=kept)
+    assert res["signalled"] and kept["last_snapshot"]["driver"]["ok"], (res, kept)
+    run, calls = counting_runner()
+    verified = gpu_verify.run_assert(dict(gpu_verify.defaults(), gpus=[0], device_paths=[node["dev"]], timeout=5),
+                                     run, first_snapshot=kept["last_snapshot"])
+    assert [g["ok"] for g in verified["gpus"]] == [True] and verified["polls"] == 0, verified
+    assert verified["reused_snapshot"] is True and calls == []          # no nvidia-smi round of its own
+
+
+def test_a_snapshot_that_does_not_pass_yet_is_followed_by_queries(node, subreaper):
+    # The caller's snapshot still shows memory held; the assert does not trust it and polls until it passes.
+    busy = gpu_verify.run_assert(dict(gpu_verify.defaults(), gpus=[0], device_paths=[node["dev"]], timeout=0),
+                                 gpu_target.subprocess_run())
+    gpusim(node, "orphan", "--gpu", 0, "--mib", 64)
+    held = gpu_target.setup(dict(gpu_verify.defaults(), gpus=[0], device_paths=[node["dev"]]), gpu_target.subprocess_run(),
+                            gpu_verify.PREFIX).snapshot()
+    assert busy["polls"] == 1
+    run, calls = counting_runner()
+    with pytest.raises(gpu_verify.VerifyError) as exc:
+        gpu_verify.run_assert(dict(gpu_verify.defaults(), gpus=[0], device_paths=[node["dev"]], timeout=0.3, sleep=0.1),
+                              run, first_snapshot=held)
+    assert exc.value.result["polls"] >= 1 and calls, exc.value.result    # it queried on its own after the snapshot
+    # With a delay the caller's snapshot is never used: the assert waits, then queries.
+    run2, calls2 = counting_runner()
+    clean = gpu_target.setup(dict(gpu_verify.defaults(), gpus=[1], device_paths=[node["dev"]]), gpu_target.subprocess_run(),
+                             gpu_verify.PREFIX).snapshot()
+    res = gpu_verify.run_assert(dict(gpu_verify.defaults(), gpus=[1], device_paths=[node["dev"]], timeout=2, delay=0.1),
+                                run2, first_snapshot=clean)
+    assert res["polls"] == 1 and calls2 and "reused_snapshot" not in res
