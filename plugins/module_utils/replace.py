@@ -209,6 +209,8 @@ class Replace(object):
                                        first_snapshot=first_snapshot)
         self.result["gpus_%s" % state] = result.get("gpus", [])
         self.result["timings"]["verify_%s_s" % state] = round(time.monotonic() - t0, 3)
+        if result.get("reused_snapshot"):
+            self.result["timings"]["verify_%s_reused" % state] = True
         return result
 
     def launch(self, params, label):
@@ -650,8 +652,9 @@ def result_lines(result):
     if result.get("torn_down"):
         lines.append("signalled: %s" % _signalled_line(result.get("signalled")))
     if "gpus_free" in result:
-        lines.append("%d GPU(s) free after %s s: %s" % (
-            len(result["gpus_free"]), result["timings"].get("verify_free_s"), _gpus_line(result["gpus_free"])))
+        how = ("on the teardown's last nvidia-smi reading, after its processes exited"
+               if result["timings"].get("verify_free_reused") else "after %s s" % result["timings"].get("verify_free_s"))
+        lines.append("%d GPU(s) free %s: %s" % (len(result["gpus_free"]), how, _gpus_line(result["gpus_free"])))
     line = _launch_line(result.get("launch"), "candidate" if result.get("target") == "candidate" else "known-good")
     if line:
         lines.append(line)

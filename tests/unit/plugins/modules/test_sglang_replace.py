@@ -123,7 +123,10 @@ def test_replace_tears_down_proves_free_launches_and_journals_every_step(node, m
     assert res["directories"] == node.directories()["paths"]
     assert all(mode_of(path) == oct(0o750) for path in res["directories"])
     assert res["lines"][0].startswith("signalled: PID %d old-server: SIGTERM, gone after " % old)
-    assert res["lines"][1].startswith("1 GPU(s) free after ") and res["lines"][1].endswith(": 0=%d MiB" % res["gpus_free"][0]["used_mib"])
+    # The GPUs are proven free on the drain's last reading (taken after the old server exited): no second query.
+    assert res["lines"][1] == "1 GPU(s) free on the teardown's last nvidia-smi reading, after its processes exited: 0=%d MiB" % (
+        res["gpus_free"][0]["used_mib"]), res["lines"]
+    assert res["timings"]["verify_free_reused"] is True
     assert res["lines"][2].startswith("candidate PID %d healthy at http://127.0.0.1:%d after " % (pid, node.port))
     assert "effective config matches the prediction (0 override(s))" in res["lines"][2]
     assert res["lines"][3].startswith("1 GPU(s) allocated: 0=")
