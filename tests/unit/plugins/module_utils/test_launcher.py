@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -262,6 +263,18 @@ def sleepers():
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"] + list(argv),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         started.append(proc)
+        # Until the child has exec'd, /proc/<pid>/cmdline is still pytest's (fork, then exec): under load the
+        # launcher would read a process that is "not a server" yet. Wait for the exec.
+        want = "\0".join(["import time; time.sleep(300)"] + list(argv)).encode()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with open("/proc/%d/cmdline" % proc.pid, "rb") as fh:
+                    if want in fh.read():
+                        break
+            except OSError:
+                pass
+            time.sleep(0.005)
         return proc.pid
 
     yield start

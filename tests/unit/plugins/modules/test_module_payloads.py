@@ -24,6 +24,7 @@ from ansible.plugins.loader import init_plugin_loader, module_loader
 from ansible.template import Templar
 
 PREFIX = "ansible_collections/gpufleet/sglang/plugins/"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 MIRROR = {"module_utils/sglang/resolve.py", "module_utils/sglang/rules.py", "module_utils/sglang/flags_data.py"}
 LAUNCHER = {"module_utils/launcher.py", "module_utils/sglang/render.py", "module_utils/sglang/compare.py"}
 
@@ -39,8 +40,8 @@ def payload_files(name):
     params = inspect.signature(module_common.modify_module).parameters
     if "module_name" not in params or params["module_name"].kind != inspect.Parameter.KEYWORD_ONLY:
         # ansible-core 2.17/2.18: modify_module(module_name, module_path, module_args, templar, task_vars=...)
-        built = module_common.modify_module(kwargs.pop("module_name"), kwargs.pop("module_path"),
-                                            kwargs.pop("module_args"), kwargs.pop("templar"), **kwargs)
+        positional = tuple(kwargs.pop(k) for k in ("module_name", "module_path", "module_args", "templar"))
+        built = module_common.modify_module(*positional, **kwargs)
     else:
         built = module_common.modify_module(**kwargs)
     data = built.b_module_data if hasattr(built, "b_module_data") else built[0]
@@ -76,7 +77,14 @@ def test_the_replace_compiles_the_mirror_only_to_explain_an_override():
         "compare.explain('speculative_num_draft_tokens', 16, 2, '0.5.23', args={}, adjustments=[])\n"
         "print(mirror in sys.modules)\n"
     )
+    # The collection's root as this test run finds it (a pytest plugin may hold it outside sys.path), and the
+    # checkout's own .collections link (scripts/setup-venv.sh), for the child interpreter.
+    from ansible_collections.gpufleet.sglang.plugins.module_utils import smoke
+    found = os.path.abspath(smoke.__file__)
+    for dummy in range(6):
+        found = os.path.dirname(found)
+    roots = [found, os.path.join(REPO, ".collections")] + [p for p in sys.path if p]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)), check=False)
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(roots)), check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"], out.stdout

@@ -1194,7 +1194,9 @@ def test_real_router(real, api):
         # drops it while they still run: only the server's own load shows when they are done.
         assert res["settle_s"] >= 4.0 and res["router_load"] > 0, res
     else:
-        assert res["settle_s"] < 2.0 and "router_load" not in res, res
+        # sglang-router 0.3.2 drops the worker at once; under load its /workers list can still name it for a
+        # poll or so (CI, core-2.17 leg: one listing 0.1 s after the removal), never for a settle time.
+        assert res["settle_s"] < 2.0, res
 
     # The server dies and comes back on the same port: the router's entry goes stale (smg 1.x: not_ready,
     # then failed) and present registers it again once the new server is healthy.
