@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import write_private
@@ -40,6 +41,24 @@ ROLLED_BACK = "rolled_back"  # the known-good config runs again
 FAILED = "failed"            # the run ended in failure; ``node`` says what runs now
 INTERRUPTED = "interrupted"  # a module was stopped (SIGTERM/SIGINT/SIGHUP) in the middle of a step
 STOPPED = "stopped"          # the teardown playbook stopped the server on purpose
+
+# What stops a module in the middle of a step: a cancelled job (SIGTERM, SIGINT) or the end of its connection
+# (SIGHUP, as a remote node sees a dead controller). SIGKILL cannot be caught: the next run reads the step.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Interrupted(Exception):
+    """The module got SIGTERM, SIGINT or SIGHUP (a cancelled job, a dead controller's connection)."""
+
+    def __init__(self, signum):
+        super(Interrupted, self).__init__("interrupted by %s" % signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_interrupted(signum, frame):  # pylint: disable=unused-argument
+    """A signal handler for STOP_SIGNALS: the step in progress sees Interrupted, and records it."""
+    raise Interrupted(signum)
+
 
 STEPS = (PLANNED, DRAINING, TEARDOWN, TORN_DOWN, LAUNCHING, LAUNCHED, VERIFYING, VERIFIED, PROMOTED,
          ROLLING_BACK, ROLLED_BACK, FAILED, INTERRUPTED, STOPPED)

@@ -38,12 +38,8 @@ WEIGHT_FIELDS = ("model_path", "tokenizer_path", "served_model_name", "speculati
 TARGETS = ("candidate", "known_good")
 
 
-class Interrupted(Exception):
-    """The module got SIGTERM, SIGINT or SIGHUP (a cancelled job, a dead controller's connection)."""
-
-    def __init__(self, signum):
-        super(Interrupted, self).__init__("interrupted by %s" % signal.Signals(signum).name)
-        self.signum = signum
+# The signal that stops a step (SIGTERM, SIGINT, SIGHUP), shared with sglang_promote's smoke gate.
+Interrupted = journal_mod.Interrupted
 
 
 class ReplaceFailed(Exception):
@@ -117,9 +113,6 @@ class Replace(object):
         """Called while waiting: fail fast when the lease was taken over."""
         if self.keepalive is not None:
             self.keepalive.check()
-
-    def _on_signal(self, signum, frame):
-        raise Interrupted(signum)
 
     # ------------------------------------------------------------------
     def launch_params(self, target):
@@ -423,8 +416,8 @@ class Replace(object):
     # ------------------------------------------------------------------
     def run(self):
         p = self.p
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
+        for sig in journal_mod.STOP_SIGNALS:
+            signal.signal(sig, journal_mod.raise_interrupted)
         if p["api_key"]:
             self.secrets.append(p["api_key"])
         launcher = None

@@ -21,6 +21,11 @@ description:
     (the same requests, figures and gates), keeping the lease alive meanwhile, and promotes only when the gate
     passes. This is the redeploy's last module run on a single-node server. A failed gate promotes nothing, keeps
     the lease for the caller's rollback, and returns RV(failed_step=smoke) with the figures in RV(smoke).
+  - While the gate runs, the node journal says C(verifying). A SIGTERM, SIGINT or SIGHUP (a cancelled job, the
+    hangup of a dead controller's connection) stops the gate, writes C(interrupted) into the journal, promotes
+    nothing and returns RV(failed_step=smoke) with RV(interrupted=true). When the controller dies and the module
+    goes on, the gate still decides on the node: a passed gate is promoted, a failed one leaves the journal
+    unsettled, and the next redeploy verifies the candidate again, then promotes or rolls back.
 options:
   name:
     description: Server instance name.
@@ -206,12 +211,17 @@ smoke:
   type: dict
   sample: {"tokens_per_s": 131.4, "accept_length": 2.95, "accept_length_source": "metrics", "hang": null}
 failed_step:
-  description: V(smoke) when the smoke gate failed (nothing was promoted and the lease is still held).
+  description: V(smoke) when the smoke gate failed or was interrupted (nothing was promoted and the lease is still held).
   returned: when the smoke gate failed
   type: str
+interrupted:
+  description: True when a signal stopped the smoke gate (the journal says C(interrupted)).
+  returned: when a signal stopped the smoke gate
+  type: bool
 """
 
 import os
+import signal
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
@@ -299,15 +309,36 @@ def promote(module, p, gate=None):
 
 def smoke_gate(module, p):
     """Run the smoke gate against the candidate, the lease kept alive meanwhile: its figures, or fail the module
-    (nothing promoted, the lease kept for the caller's rollback)."""
+    (nothing promoted, the lease kept for the caller's rollback).
+
+    The journal says V(verifying) while the gate runs, and V(interrupted) when a signal (a cancelled job, the
+    hangup of a dead controller's connection) stops it: the next run verifies the candidate again, then
+    promotes or rolls back."""
     gate = p["smoke_gate"]
     if module.check_mode:
         return {"skipped": True, "why": "check mode sends no requests"}
     lease_path = (p["lease"] or {}).get("path")
-    with lease_mod.KeepAlive(lease_path, p["run_id"]) as keepalive:
-        summary, problems = smoke_mod.run(gate)
-        if lease_path:
-            keepalive.beat()       # one last renewal: a take-over between two beats is seen before anything is copied
+    journal_path = journal_mod.path_for(p["state_dir"])
+    previous = dict((sig, signal.signal(sig, journal_mod.raise_interrupted)) for sig in journal_mod.STOP_SIGNALS)
+    try:
+        with lease_mod.KeepAlive(lease_path, p["run_id"]) as keepalive:
+            if lease_path and keepalive.lost is not None:
+                # Taken over before the gate: the journal is the new holder's now.
+                module.fail_json(msg="before the smoke gate, %s; nothing was promoted" % keepalive.lost, promoted=False,
+                                 released=False, known_good={})
+            _journal(module, journal_path, p["run_id"], journal_mod.VERIFYING,
+                     "smoke gate: %d request(s) against %s" % (gate["requests"], gate["url"]))
+            summary, problems = smoke_mod.run(gate)
+            if lease_path:
+                keepalive.beat()       # one last renewal: a take-over between two beats is seen before anything is copied
+    except journal_mod.Interrupted as exc:
+        _journal(module, journal_path, p["run_id"], journal_mod.INTERRUPTED,
+                 "%s at step verifying (the smoke gate); nothing was promoted" % exc)
+        module.fail_json(msg="the smoke gate was %s; nothing was promoted, the lease is kept for the rollback" % exc,
+                         failed_step="smoke", interrupted=True, promoted=False, released=False, known_good={})
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if problems:
         module.fail_json(msg=smoke_mod.failure_message(problems), failed_step="smoke", smoke=summary, promoted=False,
                          released=False, known_good={})
@@ -315,6 +346,15 @@ def smoke_gate(module, p):
         module.fail_json(msg="the smoke gate passed, but %s; nothing was promoted" % keepalive.lost, promoted=False,
                          released=False, known_good={}, smoke=summary)
     return summary
+
+
+def _journal(module, path, run_id, step, detail):
+    """Record ``step``; a journal that cannot be written only warns here (the gate still decides, and the next
+    step's write fails the run)."""
+    try:
+        journal_mod.record(path, run_id, step, detail=detail)
+    except OSError as exc:
+        module.warn("could not write the node journal %s (step %s): %s" % (path, step, exc))
 
 
 def main():

@@ -127,6 +127,81 @@ def test_interrupted_candidate_that_is_good_is_verified_and_promoted_not_restart
     assert third.row()["status"] == "unchanged", third.row()
 
 
+# A single-node server's smoke gate runs in sglang_promote, with the promotion, in one module run. A slow server
+# (20 instead of 90 tok/s) keeps the gate running for a few seconds: long enough to kill something in the middle.
+SLOW_GATE = {"SGLANG_SIM_BASE_TPS": "20"}
+
+
+def slow_gate_vars(node, candidate):
+    if candidate == "bad":
+        return bad_vars(node, server_env=SLOW_GATE)
+    hv = node.host_vars(sglang_server_env=dict(node.host_vars()["sglang_server_env"], **SLOW_GATE))
+    hv["sglang_server_args"] = dict(hv["sglang_server_args"], schedule_policy="lpm")
+    return hv
+
+
+@pytest.mark.parametrize("candidate", ["bad", "good"])
+def test_controller_killed_during_the_smoke_gate_the_node_decides_and_the_rerun_finishes(node, candidate):
+    """The controller dies while promote runs the gate (journal verifying). The module goes on in its own session:
+    a good candidate passes and is promoted on the node, and the rerun finds nothing to do; a bad one fails the
+    gate, nothing is promoted, the journal stays unsettled, and the rerun verifies it again and rolls it back."""
+    hv = slow_gate_vars(node, candidate)
+    ctl = node.spawn_playbook(host_vars=hv)
+    entry = ctl.wait_for_step("verifying")
+    module_pid = node.lease_holder()["node_pid"]
+    assert module_pid and alive(module_pid)
+    ctl.kill(signal.SIGKILL, group=True)
+    assert ctl.wait() != 0
+    wait_for(lambda: not alive(module_pid), 120, what="the promote module to finish its gate on its own")
+    candidate_pid = entry["candidate"]["pid"]
+    assert alive(candidate_pid)
+    journal = node.journal()
+    if candidate == "good":
+        assert journal["step"] == "promoted" and journal["run_id"] == entry["run_id"], journal
+        assert node.lease_holder() is None, "the promotion releases the lease"
+        assert known_good_fingerprint(node) == entry["candidate"]["fingerprint"]
+        row = node.run(host_vars=hv).row()
+        assert row["status"] == "unchanged" and row["plan"] == "none", row
+        assert node.server_pid() == candidate_pid
+        return
+    assert journal["step"] == "verifying" and journal["run_id"] == entry["run_id"], journal
+    assert node.lease_holder()["owner"] == entry["run_id"], "a failed gate keeps the lease for the rollback"
+    assert known_good_fingerprint(node) != entry["candidate"]["fingerprint"]
+    row = node.run(host_vars=hv).row()
+    assert row["plan"] == "verify" and "stopped at step verifying" in row["plan_why"], row
+    assert row["status"] == "rolled_back" and row["step"] == "smoke" and "accept length" in row["error"], row
+    assert row["lease"]["took_over"] == entry["run_id"], row["lease"]
+    assert_good_server_serves(node)
+    assert not alive(candidate_pid), "the unverified candidate must be gone after the rollback"
+    assert node.journal()["step"] == "rolled_back" and node.lease_holder() is None
+
+
+def test_a_hangup_of_the_promote_module_during_the_gate_rolls_back_even_a_good_candidate(node):
+    """SIGHUP to the module (a dropped connection, as a remote node sees it) while the gate runs: the journal says
+    interrupted at step verifying, nothing is promoted, and the live controller rolls back to known-good: a
+    candidate whose gate did not finish is unverified, however good it may be."""
+    good_fp = known_good_fingerprint(node)
+    hv = slow_gate_vars(node, "good")
+    handle = node.start(host_vars=hv)
+    wait_for(lambda: node.journal().get("step") == "verifying" or handle.done(), 120, 0.02, what="journal step verifying")
+    entry = node.journal()
+    assert entry["step"] == "verifying", entry
+    module_pid = node.lease_holder()["node_pid"]
+    os.kill(module_pid, signal.SIGHUP)
+    run = handle.wait()
+    assert run.rc != 0
+    row = run.row()
+    assert row["status"] == "rolled_back" and row["step"] == "smoke", row
+    assert "the smoke gate was interrupted by SIGHUP" in row["error"], row["error"]
+    steps = [h["step"] for h in node.journal()["history"] if h["run_id"] == entry["run_id"]]
+    assert steps[steps.index("verifying"):][:2] == ["verifying", "interrupted"], steps
+    assert steps[-1] == "rolled_back" and "promoted" not in steps, steps
+    assert known_good_fingerprint(node) == good_fp
+    assert_good_server_serves(node)
+    assert not alive(entry["candidate"]["pid"])
+    assert node.lease_holder() is None
+
+
 # --------------------------------------------------------------------------
 # 2. A dead controller does not block the node, and the node is never left down
 # --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 
 import pytest
@@ -291,11 +292,13 @@ def test_smoke_gate_passes_then_promotes_and_keeps_the_figures(paths, fake_serve
     paths.running()
     journal_at(paths, "R1", journal_mod.LAUNCHED)
     lease_mod.acquire(str(paths.lease), "R1", ttl=60)
-    acting = []
+    acting, steps = [], []
 
     def generate(index):
-        # While the gate runs, the lease names this module run (this process) as the one acting for its holder.
+        # While the gate runs, the lease names this module run (this process) as the one acting for its holder,
+        # and the journal says so.
         acting.append(lease_mod.read_holder(str(paths.lease)).get("node_pid"))
+        steps.append(paths.journal()["step"])
         return 200, {"text": " GPUs are fast.", "meta_info": {"completion_tokens": 64, "spec_verify_ct": 22}}
 
     fake_server.generate = generate
@@ -304,9 +307,9 @@ def test_smoke_gate_passes_then_promotes_and_keeps_the_figures(paths, fake_serve
     assert res["smoke"]["requests"] == {"sent": 4, "ok": 4, "failed": 0}
     assert res["smoke"]["accept_length"] == pytest.approx(64 / 22.0, abs=1e-3) and res["smoke"]["tokens_per_s"] > 0
     assert fake_server.paths("POST") == ["/generate"] * 4
-    assert acting == [os.getpid()] * 4
+    assert acting == [os.getpid()] * 4 and steps == ["verifying"] * 4
     entry = paths.journal()
-    assert [h["step"] for h in entry["history"]] == ["launched", "verified", "promoted"]
+    assert [h["step"] for h in entry["history"]] == ["launched", "verifying", "verified", "promoted"]
     assert entry["smoke"]["accept_length"] == res["smoke"]["accept_length"]
     assert (paths.known_good / "server.json").exists() and not paths.lease.exists()
 
@@ -323,7 +326,7 @@ def test_a_failed_smoke_gate_promotes_nothing_and_keeps_the_lease_for_the_rollba
     assert res["msg"] == "Smoke gate failed: accept length 1.60 is below min_accept_length 2.50", res["msg"]
     assert res["smoke"]["accept_length"] == 1.6 and res["released"] is False
     assert not paths.known_good.exists()
-    assert paths.journal()["step"] == journal_mod.LAUNCHED            # the caller's rollback settles it
+    assert paths.journal()["step"] == journal_mod.VERIFYING           # unsettled: the caller's rollback settles it
     assert lease_mod.read_holder(str(paths.lease))["owner"] == "R1"     # still this run's, for the rollback
     assert lease_mod.read_holder(str(paths.lease)).get("node_pid") is None
 
@@ -331,6 +334,7 @@ def test_a_failed_smoke_gate_promotes_nothing_and_keeps_the_lease_for_the_rollba
 def test_a_hang_in_the_smoke_gate_names_the_request(paths, fake_server, monkeypatch):
     paths.candidate_files()
     paths.running()
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
     fake_server.delays = lambda index: 3.0 if index >= 3 else 0.0
     res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server, concurrency=1, request_timeout=0.5)),
                      monkeypatch)
@@ -397,3 +401,48 @@ def test_a_lease_lost_during_the_smoke_gate_promotes_nothing(paths, fake_server,
     assert res["failed"] is True and res["promoted"] is False, res
     assert "no longer held by run R1" in res["msg"] and "nothing was promoted" in res["msg"], res["msg"]
     assert not paths.known_good.exists() and lease_mod.read_holder(str(paths.lease))["owner"] == "R2"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_during_the_smoke_gate_records_the_interruption_and_promotes_nothing(paths, fake_server, monkeypatch, sig):
+    """A cancelled job (SIGTERM) or a dead controller's connection (SIGHUP) while the gate runs: the journal says
+    interrupted at step verifying, nothing is promoted, the lease stays this run's for the rollback (or the next
+    run's take-over), and the module's handlers are gone afterwards."""
+    paths.candidate_files()
+    paths.running()
+    journal_at(paths, "R1", journal_mod.LAUNCHED)
+    lease_mod.acquire(str(paths.lease), "R1", ttl=60)
+    before = signal.getsignal(sig)
+
+    def generate(index):
+        if index == 2:
+            os.kill(os.getpid(), sig)      # handled in the module's main thread, which waits for the requests
+        return 200, {"text": "x", "meta_info": {"completion_tokens": 8, "spec_verify_ct": 3}}
+
+    fake_server.generate = generate
+    res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server, concurrency=1)), monkeypatch)
+    name = signal.Signals(sig).name
+    assert res["failed"] is True and res["failed_step"] == "smoke" and res["interrupted"] is True, res
+    assert res["promoted"] is False and res["released"] is False, res
+    assert res["msg"] == "the smoke gate was interrupted by %s; nothing was promoted, the lease is kept for the rollback" % name
+    entry = paths.journal()
+    assert entry["step"] == journal_mod.INTERRUPTED, entry
+    assert entry["detail"] == "interrupted by %s at step verifying (the smoke gate); nothing was promoted" % name
+    assert [h["step"] for h in entry["history"]] == ["launched", "verifying", "interrupted"]
+    assert not paths.known_good.exists()
+    holder = lease_mod.read_holder(str(paths.lease))
+    assert holder["owner"] == "R1" and holder.get("node_pid") is None, holder
+    assert signal.getsignal(sig) == before
+
+
+def test_a_lease_taken_over_before_the_gate_sends_nothing_and_leaves_the_journal_alone(paths, fake_server, monkeypatch):
+    paths.candidate_files()
+    paths.running()
+    journal_at(paths, "R2", journal_mod.PLANNED)
+    lease_mod.acquire(str(paths.lease), "R2", ttl=60)       # another run holds the node now
+    res = run_module(sglang_promote, paths.args(smoke_gate=gate_args(fake_server)), monkeypatch)
+    assert res["failed"] is True and res["promoted"] is False, res
+    assert res["msg"].startswith("before the smoke gate, ") and "nothing was promoted" in res["msg"], res["msg"]
+    assert fake_server.requests == [] and not paths.known_good.exists()
+    assert paths.journal()["run_id"] == "R2" and paths.journal()["step"] == journal_mod.PLANNED
+    assert lease_mod.read_holder(str(paths.lease))["owner"] == "R2"
