@@ -582,6 +582,30 @@ class RouterWorker(object):
                           "or wait_server=false when it cannot reach it at all." % (self.server_base, self.p["timeout"], last))
             self.sleep(deadline)
 
+    def check_readd(self):
+        """With state=absent and check_readd: refuse, before the worker is taken out, a redeploy whose new server
+        this router could not use once it is put back (the same rules as check_worker_auth, read from the config,
+        since the new server does not run yet): the outage would end in a router that fails every request."""
+        key = self.p["worker_api_key"]
+        if self.router.api_version != API_1 or not key:
+            return
+        untouched = (" Nothing was touched: %s is still in the router and the old server serves." % self.url)
+        if self.p["api_key"] and self.router_keyed():
+            if key != self.p["api_key"]:
+                self.fail("the server this redeploy starts behind %s has another API key than the router (worker_api_key "
+                          "is not api_key). smg 1.x sends the caller's Authorization header, which for a router with "
+                          "--api-key is the router's key, to the worker instead of worker_api_key, so every request routed "
+                          "to the new server would fail with 401. Give the server the router's key (--api-key), or run "
+                          "the router without --api-key.%s" % (self.router.base, untouched))
+            return
+        role = str((self.p.get("worker_config") or {}).get("worker_type") or "").lower()
+        if role in ("prefill", "decode") and not self.router_keyed():
+            self.fail("the %s server this redeploy starts has an API key (worker_api_key), and the smg 1.x router %s has "
+                      "none. In PD mode smg 1.x sends the caller's Authorization header to the prefill and decode "
+                      "servers, never worker_api_key, so every request through the router would fail with 401. Give "
+                      "the router the servers' key (--api-key, and sglang_router_api_key), or run the PD servers "
+                      "without --api-key.%s" % (role, self.router.base, untouched))
+
     def check_worker_auth(self):
         """Fail before registering a worker that would reject the router's requests.
 
@@ -722,6 +746,8 @@ class RouterWorker(object):
     def absent(self):
         """Take the worker out of the router; returns ``(workers, before, after, entry)``."""
         router = self.router
+        if self.p["check_readd"]:
+            self.check_readd()
         workers = router.list()
         before = _urls(workers)
         found = find_workers(workers, self.url)
@@ -853,6 +879,7 @@ def argument_spec():
         wait_healthy=dict(type="bool", default=True),
         wait_server=dict(type="bool", default=True),
         allow_last=dict(type="bool", default=False),
+        check_readd=dict(type="bool", default=False),
         timeout=dict(type="float", default=120),
         drain=dict(type="bool", default=False),
         drain_url=dict(type="str", aliases=["server_url"]),

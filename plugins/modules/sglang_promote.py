@@ -24,7 +24,7 @@ description:
   - While the gate runs, the node journal says C(verifying). A SIGTERM, SIGINT or SIGHUP (a cancelled job, the
     hangup of a dead controller's connection) stops the gate, writes C(interrupted) into the journal, promotes
     nothing and returns RV(failed_step=smoke) with RV(interrupted=true). When the controller dies and the module
-    goes on, the gate still decides on the node: a passed gate is promoted, a failed one leaves the journal
+    goes on, the gate still decides on the node. A passed gate is promoted, a failed one leaves the journal
     unsettled, and the next redeploy verifies the candidate again, then promotes or rolls back.
 options:
   name:

@@ -111,6 +111,17 @@ options:
         added (an AddWorker job, or C(pending)) does not count as Ready.
     type: bool
     default: false
+  check_readd:
+    description:
+      - With O(state=absent), first check that the router will take the server back that a redeploy starts next, with
+        O(worker_api_key) and O(worker_config) of that server, and fail before anything is changed when it would not.
+        The redeploy sets it, so that a refusal comes before the teardown, not after the outage.
+      - The rules are those that O(state=present) probes against the running server, read here from the config (the
+        new server does not run yet), for smg 1.x. Behind a router with C(--api-key) (O(api_key)) a keyed server must
+        have the router's key; behind a router without one, a keyed prefill or decode server (C(worker_type) in
+        O(worker_config)) is refused.
+    type: bool
+    default: false
   timeout:
     description:
       - Seconds to wait for the server's health (O(wait_server)), for the router to list the worker (and report it

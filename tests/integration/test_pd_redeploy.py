@@ -280,3 +280,19 @@ def test_a_rolling_redeploy_behind_the_real_smg_in_pd_mode_loses_no_request(tmp_
     assert sorted(workers) == sorted(urls.values()), workers
     assert all(w["is_healthy"] and w["status"] == "ready" for w in workers.values()), workers
     assert sorted(w["worker_type"] for w in workers.values()) == ["decode", "decode", "prefill", "prefill"]
+
+    # 5. A new API key for one server, which this keyed smg router could not pass to it (smg 1.x sends the caller's
+    #    key): refused at the router step, before the worker is taken out or anything is stopped (check_readd),
+    #    instead of after the outage at the re-add.
+    other_key = "sk-itmarker-" + "0f1e" * 6
+    fleet.nodes["prefill0"].api_key = other_key
+    refused = fleet.run(serial=1, **router_vars)
+    assert refused.rc != 0
+    row = refused.row("prefill0")
+    assert row["status"] == "failed" and row["step"] == "router drain", row
+    assert "has another API key than the router" in row["error"] and "Nothing was touched" in row["error"], row["error"]
+    assert row["signalled"] == [], row["signalled"]
+    assert fleet.pids() == after, "nothing may be stopped"
+    workers = pd_workers(router, key)
+    assert sorted(workers) == sorted(urls.values()) and all(w["status"] == "ready" for w in workers.values()), workers
+    assert other_key not in refused.everything() and key not in refused.everything()

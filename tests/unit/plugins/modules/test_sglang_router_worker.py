@@ -807,6 +807,63 @@ def test_absent_smg1_waits_for_the_settle_and_reports_the_router_load(serve):
     assert res["changed"] is False and res["removed"] == [] and len(_calls(router, "DELETE")) == 1
 
 
+def test_absent_check_readd_refuses_a_new_server_key_a_keyed_smg1_router_cannot_pass(serve):
+    """The redeploy's removal (check_readd) refuses, before anything is changed, a new server whose key is not
+    the router's: smg 1.x would send the router's key to it (state=present probes the same rule, after the outage)."""
+    router = FakeRouter(api="1", api_key=ROUTER_KEY)
+    router.add_existing("http://127.0.0.1:41001")
+    router.add_existing("http://127.0.0.1:41002")
+    base = serve(router)
+    args = {"router_url": base, "api_key": ROUTER_KEY, "url": "http://127.0.0.1:41002", "state": "absent",
+            "check_readd": True, "worker_api_key": WORKER_KEY}
+    for check in (True, False):
+        res = run(args, check_mode=check, expect_fail=True)
+        assert "has another API key than the router" in res["msg"], res["msg"]
+        assert "smg 1.x sends the caller's Authorization header" in res["msg"]
+        assert res["msg"].endswith("Nothing was touched: http://127.0.0.1:41002 is still in the router and the old "
+                                   "server serves."), res["msg"]
+        _no_secret(res, ROUTER_KEY, WORKER_KEY)
+    assert not _calls(router, "DELETE") and len(router.workers) == 2
+    # Without check_readd (a plain removal), or with the router's key on the new server, the removal goes on.
+    res = run(dict(args, worker_api_key=ROUTER_KEY))
+    assert res["changed"] is True and len(_calls(router, "DELETE")) == 1
+    router.add_existing("http://127.0.0.1:41002")
+    res = run(dict(args, check_readd=False))
+    assert res["changed"] is True and len(_calls(router, "DELETE")) == 2
+
+
+@pytest.mark.parametrize("role, refused", [("decode", True), ("prefill", True), ("regular", False), (None, False)])
+def test_absent_check_readd_refuses_a_keyed_pd_server_behind_a_keyless_smg1_router(serve, role, refused):
+    router = FakeRouter(api="1")
+    router.add_existing("http://127.0.0.1:41001", worker_type=role or "regular")
+    router.add_existing("http://127.0.0.1:41002", worker_type=role or "regular")
+    base = serve(router)
+    config = {"worker_type": role, "bootstrap_port": 8998} if role == "prefill" else ({"worker_type": role} if role else {})
+    args = {"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent", "check_readd": True,
+            "worker_api_key": WORKER_KEY, "worker_config": config}
+    res = run(args, expect_fail=refused)
+    if refused:
+        assert "the %s server this redeploy starts has an API key" % role in res["msg"], res["msg"]
+        assert "In PD mode smg 1.x sends the caller's Authorization header" in res["msg"]
+        assert "Nothing was touched" in res["msg"] and not _calls(router, "DELETE")
+        _no_secret(res, WORKER_KEY)
+        # A keyless PD server is fine behind a keyless router.
+        res = run(dict(args, worker_api_key=None))
+    assert res["changed"] is True and len(_calls(router, "DELETE")) == 1
+
+
+@pytest.mark.parametrize("api", ["0.3", "0.1"])
+def test_absent_check_readd_applies_to_smg1_only(serve, api):
+    # 0.3.x calls the worker with its registered key, in PD mode too; 0.1 has no key field (a warning at add).
+    router = FakeRouter(api=api, api_key=ROUTER_KEY if api == "0.3" else None)
+    router.add_existing("http://127.0.0.1:41001")
+    router.add_existing("http://127.0.0.1:41002")
+    base = serve(router)
+    res = run({"router_url": base, "api_key": ROUTER_KEY, "url": "http://127.0.0.1:41002", "state": "absent",
+               "check_readd": True, "worker_api_key": WORKER_KEY, "worker_config": {"worker_type": "decode"}})
+    assert res["changed"] is True
+
+
 @pytest.mark.parametrize("api", ["1", "0.3", "0.1"])
 def test_absent_refuses_the_last_ready_worker(serve, api):
     router = FakeRouter(api=api, healthy_after=60 if api == "1" else 0)
@@ -1280,3 +1337,11 @@ def test_real_smg1_pd_mode_sends_the_callers_key_not_the_workers(real):
     res = run(dict(base, url=d1, worker_api_key=key, worker_config={"worker_type": "decode"}), expect_fail=True)
     assert "In PD mode smg 1.x sends the caller's Authorization header" in res["msg"], res["msg"]
     assert "(a decode server) requires an API key" in res["msg"] and key not in json.dumps(res)
+    # And a redeploy of the prefill server is refused before its worker is taken out (check_readd), not after the
+    # outage: the real router still lists it afterwards.
+    res = run(dict(base, url=p1, state="absent", check_readd=True, worker_api_key=key,
+                   worker_config={"worker_type": "prefill", "bootstrap_port": boot}), expect_fail=True)
+    assert "the prefill server this redeploy starts has an API key" in res["msg"] and "Nothing was touched" in res["msg"]
+    assert key not in json.dumps(res)
+    listed = [w for w in r.parse_workers(_get(router + "/workers")[1], "1") if r.same_url(w["url"], p1)]
+    assert [w["status"] for w in listed] == ["ready"], listed
