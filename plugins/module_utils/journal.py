@@ -47,8 +47,12 @@ STOPPED = "stopped"          # the teardown playbook stopped the server on purpo
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-class Interrupted(Exception):
-    """The module got SIGTERM, SIGINT or SIGHUP (a cancelled job, a dead controller's connection)."""
+class Interrupted(BaseException):
+    """The module got SIGTERM, SIGINT or SIGHUP (a cancelled job, a dead controller's connection).
+
+    A BaseException, as KeyboardInterrupt is: the handler raises it wherever the main thread is, and the
+    ``except Exception`` of a step in progress (an HTTP call that maps any error to a connection error, an NVML
+    read that falls back to nvidia-smi) must not swallow it, or the signal would be lost and the step go on."""
 
     def __init__(self, signum):
         super(Interrupted, self).__init__("interrupted by %s" % signal.Signals(signum).name)

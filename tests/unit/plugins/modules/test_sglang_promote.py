@@ -446,3 +446,38 @@ def test_a_lease_taken_over_before_the_gate_sends_nothing_and_leaves_the_journal
     assert fake_server.requests == [] and not paths.known_good.exists()
     assert paths.journal()["run_id"] == "R2" and paths.journal()["step"] == journal_mod.PLANNED
     assert lease_mod.read_holder(str(paths.lease))["owner"] == "R2"
+
+
+def test_a_signal_during_an_http_call_is_not_swallowed_as_a_connection_error():
+    """The root cause of a lost SIGHUP: the gate's first /metrics read maps every Exception of urllib to a
+    connection error, so an Interrupted raised inside it must be no Exception (the gate went on and promoted)."""
+    import http.server
+    import threading
+    import time as _time
+    from ansible_collections.gpufleet.sglang.plugins.module_utils import http as http_mod
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            _time.sleep(2.0)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    before = signal.signal(signal.SIGALRM, journal_mod.raise_interrupted)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        started = _time.monotonic()
+        with pytest.raises(journal_mod.Interrupted) as info:
+            http_mod.request("GET", "http://127.0.0.1:%d/metrics" % server.server_address[1], timeout=10)
+        assert _time.monotonic() - started < 1.5
+        assert str(info.value) == "interrupted by SIGALRM"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        server.shutdown()
+        server.server_close()
