@@ -590,7 +590,8 @@ class RouterWorker(object):
         if self.router.api_version != API_1 or not key:
             return
         untouched = (" Nothing was touched: %s is still in the router and the old server serves." % self.url)
-        if self.p["api_key"] and self.router_keyed():
+        keyed = self.router_keyed()     # one GET /workers without a key, for both rules
+        if self.p["api_key"] and keyed:
             if key != self.p["api_key"]:
                 self.fail("the server this redeploy starts behind %s has another API key than the router (worker_api_key "
                           "is not api_key). smg 1.x sends the caller's Authorization header, which for a router with "
@@ -599,7 +600,7 @@ class RouterWorker(object):
                           "the router without --api-key.%s" % (self.router.base, untouched))
             return
         role = str((self.p.get("worker_config") or {}).get("worker_type") or "").lower()
-        if role in ("prefill", "decode") and not self.router_keyed():
+        if role in ("prefill", "decode") and not keyed:
             self.fail("the %s server this redeploy starts has an API key (worker_api_key), and the smg 1.x router %s has "
                       "none. In PD mode smg 1.x sends the caller's Authorization header to the prefill and decode "
                       "servers, never worker_api_key, so every request through the router would fail with 401. Give "
