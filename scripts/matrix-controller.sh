@@ -33,6 +33,7 @@ die() { say "ERROR: $*"; exit 1; }
 VERSION=$1
 STEP=$2
 REQ=requirements/core-$VERSION.txt
+LOCK=requirements/core-$VERSION.lock
 [[ -f $REQ ]] || die "no $REQ (known: $(cd requirements && printf "%s " core-*.txt))"
 CORE=$(sed -n 's/^ansible-core==\([0-9.]*\).*/\1/p' "$REQ")
 [[ $CORE == "$VERSION".* ]] || die "$REQ must pin ansible-core==$VERSION.<patch> (found '${CORE:-nothing}')"
@@ -52,7 +53,7 @@ pins() {
 
 ensure_venv() {
     local want stamp=$VENV/.requirements.sha256 py=${PYTHON:-python3}
-    want=$(pins | sha256sum | cut -d' ' -f1)
+    want=$( (pins; cat "$LOCK") | sha256sum | cut -d' ' -f1)
     if [[ -x $VENV/bin/python && -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
         say "reusing $VENV (ansible-core $CORE)"
         return 0
@@ -62,7 +63,8 @@ ensure_venv() {
     say "creating $VENV: $(pins | grep -v '^#' | tr '\n' ' ')"
     rm -rf "$VENV"
     "$py" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r <(pins)
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r <(pins) -c "$LOCK"
+    "$py" scripts/pins.py check "$VENV" "$LOCK" || die "$VENV does not match $LOCK"
     "$VENV/bin/python" -c "import ansible.release as r, sys; sys.exit(r.__version__ != '$CORE')" \
         || die "$VENV does not hold ansible-core $CORE after the install"
     echo "$want" > "$stamp"

@@ -83,7 +83,7 @@ print(digest.hexdigest())
 PY
 )" || die "could not read $tarball"
 ee_hash="$({ printf 'ee-base %s\ntarball %s\n' "$EE_BASE" "$tar_content"; sha256sum < execution-environment.yml
-             "$BUILDER" --version; } | sha256sum | cut -c1-16)"
+             sha256sum < requirements/dev.lock; "$BUILDER" --version; } | sha256sum | cut -c1-16)"
 EE="$EE_REPO:$ee_hash"
 if [[ $mode == print ]]; then printf '%s\n' "$EE"; exit 0; fi
 

@@ -10,10 +10,15 @@ REPO=$PWD
 CORE=$(sed -n 's/^ansible-core==//p' requirements/dev.txt)
 SVENV=$REPO/.cache/sanity-venv
 
-if [ ! -x "$SVENV/bin/ansible-test" ] || ! "$SVENV/bin/python" -c "import ansible, sys; sys.exit(ansible.__version__ != '$CORE')" 2>/dev/null; then
+LOCKSUM=$(sha256sum requirements/dev.lock | cut -d' ' -f1)
+if [ ! -x "$SVENV/bin/ansible-test" ] || [ "$(cat "$SVENV/.lock.sha256" 2>/dev/null)" != "$LOCKSUM" ] \
+   || ! "$SVENV/bin/python" -c "import ansible, sys; sys.exit(ansible.__version__ != '$CORE')" 2>/dev/null; then
   echo "sanity: creating $SVENV with ansible-core==$CORE"
+  rm -rf "$SVENV"
   python3 -m venv "$SVENV"
-  "$SVENV/bin/python" -m pip install --quiet --disable-pip-version-check "ansible-core==$CORE"
+  # ansible-core's own dependencies at the versions CI tested (ansible-test pins its sanity tools itself).
+  "$SVENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements/dev.lock "ansible-core==$CORE"
+  echo "$LOCKSUM" > "$SVENV/.lock.sha256"
 fi
 
 # ansible-test bootstraps pip in each test venv with get-pip.py, downloaded from

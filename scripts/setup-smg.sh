@@ -30,7 +30,9 @@ if ! up_to_date; then
     rm -rf "$VENV"
     echo "setup-smg: installing $(grep -m1 '^smg==' "$REQ") into $VENV" >&2
     "$PY" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ" -c "$REQ" >&2
+    # The file is the whole closure: a package it does not pin fails here (scripts/pins.py).
+    "$PY" scripts/pins.py check "$VENV" "$REQ" >&2
     "$VENV/bin/smg" --version >&2
     echo "$want" > "$STAMP"
   fi

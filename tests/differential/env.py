@@ -76,8 +76,13 @@ def ensure_venv(log=print):
     log("differential: building %s (torch 2.13.0 CPU + %s)" % (VENV.relative_to(REPO), req.relative_to(REPO)))
     if not (VENV / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    _pip(["install", "torch==2.13.0"], log)
-    _pip(["install", "-r", str(req)], log)
+    # One resolution, every package pinned by the file (torch's own dependencies included), then
+    # checked: a package the file does not pin fails the build (scripts/pins.py).
+    _pip(["install", "-r", str(req), "-c", str(req)], log)
+    check = subprocess.run([sys.executable, str(REPO / "scripts" / "pins.py"), "check", str(VENV), str(req)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    if check.returncode != 0:
+        raise RuntimeError(check.stdout)
     stamp.write_text(digest)
     log("differential: venv ready in %.0f s" % (time.time() - started))
     return True

@@ -106,7 +106,12 @@ def test_execution_environment_definition():
     tarball = "%s-%s-%s.tar.gz" % (g["namespace"], g["name"], g["version"])
     assert deps["galaxy"]["collections"] == [{"name": "collections/" + tarball, "type": "file"}], (
         "execution-environment.yml must install the tarball of galaxy.yml's version (%s)" % tarball)
-    assert ee["additional_build_files"] == [{"src": ".cache/build/" + tarball, "dest": "collections"}]
+    assert ee["additional_build_files"] == [{"src": ".cache/build/" + tarball, "dest": "collections"},
+                                            {"src": "requirements/dev.lock", "dest": "constraints"}]
+    # Every pip step of the build is constrained by the lock (ansible-core's transitive dependencies too).
+    base_steps = ee["additional_build_steps"]["prepend_base"]
+    assert "COPY _build/constraints/dev.lock /etc/gpufleet-ee-constraints.txt" in base_steps
+    assert "ENV PIP_CONSTRAINT=/etc/gpufleet-ee-constraints.txt" in base_steps
 
 
 def _stage_checkout(dest):
@@ -141,6 +146,8 @@ def test_ansible_builder_create_offline(tmp_path):
     work = tmp_path / "ee"
     (work / ".cache" / "build").mkdir(parents=True)
     shutil.copy(REPO / "execution-environment.yml", work / "execution-environment.yml")
+    (work / "requirements").mkdir()
+    shutil.copy(REPO / "requirements" / "dev.lock", work / "requirements" / "dev.lock")
 
     # What `make build` does, from the files a clone would have (tracked, plus new files git does not ignore;
     # tool output such as ansible-lint's collections/ links stays out), into the temporary tree.
@@ -161,6 +168,8 @@ def test_ansible_builder_create_offline(tmp_path):
     assert 'ARG PYCMD="/usr/bin/python3.11"' in containerfile
     assert "ansible-galaxy collection install $ANSIBLE_GALAXY_CLI_COLLECTION_OPTS -r requirements.yml" in containerfile
     assert "ENV ANSIBLE_GALAXY_SERVER_LIST=" in containerfile
+    # The constraints come before the first pip step of the base stage.
+    assert containerfile.index("ENV PIP_CONSTRAINT=/etc/gpufleet-ee-constraints.txt") < containerfile.index("pip_install")
     assert "FROM base AS final" in containerfile and 'LABEL org.opencontainers.image.title="gpufleet-sglang-ee"' in containerfile
 
     build_dir = ctx / "_build"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import subprocess
@@ -115,6 +116,21 @@ def test_the_ee_holds_the_collection_and_the_pinned_controller(container):
     out = _exec(container, "bash", "-c", "ansible --version; ansible-runner --version; "
                 "ansible-galaxy collection list --format json").stdout
     assert "ansible [core 2.19.14]" in out, out
+    # Every Python package of the EE at the version CI tested (requirements/dev.lock, through PIP_CONSTRAINT):
+    # ansible-core's transitive dependencies (cryptography, ...) included.
+    frozen = _exec(container, "python3", "-m", "pip", "freeze", "--all").stdout.splitlines()
+    locked = {}
+    for line in (REPO / "requirements" / "dev.lock").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==", 1)
+            locked[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
+    held = dict((re.sub(r"[-_.]+", "-", n).lower(), v) for n, v in (line.split("==", 1) for line in frozen if "==" in line))
+    assert "cryptography" in held, frozen
+    # ansible-builder pins dumb-init itself (its ee_schema: dumb-init==1.2.5).
+    assert held.get("dumb-init") == "1.2.5", frozen
+    off = dict((n, (v, locked.get(n))) for n, v in held.items()
+               if n not in ("pip", "setuptools", "wheel", "dumb-init") and locked.get(n) != v)
+    assert not off, "EE packages outside requirements/dev.lock (installed, locked): %s" % off
     listed = json.loads(out[out.index("{"):])
     # ansible-core 2.19 also lists its internal ansible._protomatter; the collection is there once.
     ours = [path for path, found in listed.items() if "gpufleet.sglang" in found]

