@@ -194,16 +194,28 @@ class Preflight(object):
             for proc in gpu.get("processes", []):
                 if proc.get("pid") is not None:
                     holder_gpus.setdefault(proc["pid"], set()).add(gpu.get("index"))
+        listed = dict((pid, set(gpus)) for pid, gpus in holder_gpus.items())
         index_by_minor = dict((str(g.get("index")), g.get("index")) for g in selected)
+
+        def index_of(path):
+            minor = procfs.device_gpu_index(path)
+            return index_by_minor.get(str(minor)) if minor is not None else None
+
+        patterns = tuple(p["device_paths"])
         try:
-            users = procfs.device_holders(table, tuple(p["device_paths"]))
+            users = procfs.device_holders(table, patterns)
         except TypeError:
             users = {}
         for pid, paths in users.items():
             for path in paths:
-                minor = procfs.device_gpu_index(path)
-                if minor is not None and str(minor) in index_by_minor:
-                    holder_gpus.setdefault(pid, set()).add(index_by_minor[str(minor)])
+                if index_of(path) is not None:
+                    holder_gpus.setdefault(pid, set()).add(index_of(path))
+        # Monitoring agents keep the device files open without using the GPUs: told apart by what nvidia-smi lists
+        # and by the GPUs' memory (docs/reference/gpu-watchers.md).
+        accounting = pf.memory_accounting(selected, table, lambda pid: procfs.device_fds(pid, patterns),
+                                          max_used_mib=(p["settings"] or {}).get("gpu_verify_max_used_mib") or 16)
+        watchers, suspects = pf.find_watchers(table, listed, dict((pid, paths) for pid, paths in users.items()
+                                                                  if pid in holder_gpus), accounting, index_of)
         adopt_res, problems = pf.compile_patterns(p["adopt_patterns"])
         for text in problems:
             self.problem(text)
@@ -213,7 +225,8 @@ class Preflight(object):
             if pid in own:
                 holder_gpus.pop(pid)
         holders = pf.classify_holders(table, holder_gpus, managed_pids, launcher.unit if launcher.manager == "systemd" else None,
-                                      recorded, list(p["adopt_pids"] or []), adopt_res, adopt_from_port, exclude)
+                                      recorded, list(p["adopt_pids"] or []), adopt_res, adopt_from_port, exclude,
+                                      watchers=watchers, suspects=suspects)
         foreign = [h for h in holders if h["class"] == "foreign"]
         if foreign and not p["allow_foreign"]:
             self.problem("the target GPUs are held by %d process(es) that are not this server's: %s. Another team's server? "

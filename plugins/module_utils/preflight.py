@@ -17,12 +17,17 @@ import os
 import re
 import time
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
 from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
 from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
 
 PROBE_BYTES = 64 * 1024
 MIN_FREE_MIB = 64
+# A GPU's memory is accounted for when what nvidia-smi lists for processes of this PID namespace covers its used memory
+# up to the idle baseline plus this slack. A CUDA context alone costs hundreds of MiB (docs/reference/gpu-watchers.md),
+# so a user nvidia-smi cannot name cannot hide in it.
+WATCH_SLACK_MIB = 64
 # Compute capability by GPU name, for nodes whose nvidia-smi cannot answer compute_cap (docs/reference/nvidia-smi.md).
 _CC_BY_NAME = (("B300", "10.3"), ("B200", "10.0"), ("GB200", "10.0"), ("H200", "9.0"), ("H100", "9.0"), ("H800", "9.0"),
                ("GH200", "9.0"), ("L40S", "8.9"), ("L40", "8.9"), ("L4", "8.9"), ("A100", "8.0"), ("A800", "8.0"),
@@ -168,13 +173,97 @@ def _session(table, sid):
     return [p for p, info in table.items() if info.sid == sid]
 
 
-def classify_holders(table, holder_gpus, managed_pids, managed_unit, recorded_pids, adopt_pids, adopt_res, port_owner_pids,
-                     exclude_names):
-    """Sort the processes holding the target GPUs: managed, adopted, orphan, system or foreign.
+def memory_accounting(gpus, table, device_fds, max_used_mib=16):
+    """``{gpu index: None or why}``: None when the memory nvidia-smi shows used on the GPU is covered by the compute
+    processes it lists that this PID namespace can see (each in ``/proc`` with a GPU device file open), up to the idle
+    baseline and WATCH_SLACK_MIB; otherwise why not (memory or a row unknown, a listed PID that is not visible here, as
+    inside a container without the host's PID namespace, memory no listed process accounts for).
 
-    ``holder_gpus``: ``{pid: [gpu indices]}``. Returns a list of dicts (pid, class, why, user, cmdline masked,
-    session, ports for foreign ones).
+    ``device_fds(pid)``: the process's GPU device files, ``[]`` for none, None when they cannot be read.
     """
+    out = {}
+    for gpu in gpus:
+        index = gpu.get("index")
+        used = gpu.get("used_mib")
+        if gpu.get("lost") or used is None:
+            out[index] = "its used memory is unknown"
+            continue
+        why = None
+        seen = 0
+        for proc in gpu.get("processes") or []:
+            pid, mib = proc.get("pid"), proc.get("used_mib")
+            if pid is None or mib is None:
+                why = "nvidia-smi lists a process without %s" % ("a PID" if pid is None else "its memory")
+                break
+            if pid not in table:
+                why = ("nvidia-smi lists PID %d (%s MiB), which is not visible in /proc: another PID namespace (a container "
+                       "without the host's), so the user of that memory cannot be named" % (pid, mib))
+                break
+            fds = device_fds(pid)
+            if not fds:
+                why = "nvidia-smi lists PID %d, which %s" % (pid, "has no GPU device file open here: the PID names another "
+                                                                  "process in this namespace" if fds == [] else
+                                                     "cannot be inspected (its descriptors are not readable)")
+                break
+            seen += mib
+        limit = gpu_query.idle_limit(gpu, max_used_mib) + WATCH_SLACK_MIB
+        if why is None and used - seen > limit:
+            why = "%d of its %d MiB used belong to no process nvidia-smi lists" % (used - seen, used)
+        out[index] = why
+    return out
+
+
+def find_watchers(table, listed_gpus, fd_paths, accounting, index_of):
+    """``({pid: why}, {pid: why not})``: the watchers, and the processes that hold only device files but cannot be told
+    from a user because a GPU's memory is not accounted for.
+
+    A watcher is a process whose only tie to a target GPU is an open device file: nvidia-smi lists no compute
+    context of theirs (nor of their session or server tree) on a target GPU, and the memory of every target GPU whose
+    device file they hold is accounted for by listed processes (:func:`memory_accounting`). Monitoring agents (NVML
+    exporters, nvtop, gpustat --watch) look like this; they watch, they do not use the GPU, and they are never
+    signalled (docs/reference/gpu-watchers.md).
+
+    ``listed_gpus``: ``{pid: set of target GPU indices}`` from nvidia-smi; ``fd_paths``: ``{pid: [device paths]}``;
+    ``index_of(path)``: the target GPU index of a device file, or None.
+    """
+    listed = set(listed_gpus)
+    out = {}
+    suspects = {}
+    for pid, paths in sorted(fd_paths.items()):
+        gpus = sorted(set(index_of(path) for path in paths) - {None})
+        if not gpus or pid in listed or pid not in table:
+            continue
+        info = table[pid]
+        if (info.comm or "").startswith("sglang::"):
+            continue          # an SGLang server process is never a monitoring agent (an orphaned scheduler, ...)
+        tree = {pid, _root(table, pid).pid} | set(procfs.descendants(table, _root(table, pid).pid))
+        tree |= set(_session(table, info.sid))
+        if tree & listed:
+            continue          # its session or server tree runs a compute context on a target GPU: part of that user
+        unaccounted = [(g, accounting.get(g, "it was not read")) for g in gpus if accounting.get(g, "it was not read")]
+        if unaccounted:
+            suspects[pid] = ("it only has device files open, but it may be the user nvidia-smi cannot name: %s" % "; ".join(
+                "on GPU %s %s" % (g, why) for g, why in unaccounted))
+            continue
+        uvm = any(os.path.basename(path) == "nvidia-uvm" for path in paths)
+        out[pid] = ("watches GPU %s: it only has device files open (%s), nvidia-smi lists no compute context of it there "
+                    "and the GPUs' memory is accounted for by listed processes; %s; never signalled" % (
+                        ",".join(str(g) for g in gpus), ", ".join(sorted(os.path.basename(x) for x in paths)),
+                        "it has /dev/nvidia-uvm open but no context on these GPUs" if uvm else
+                        "without /dev/nvidia-uvm it cannot hold a CUDA context at all"))
+    return out, suspects
+
+
+def classify_holders(table, holder_gpus, managed_pids, managed_unit, recorded_pids, adopt_pids, adopt_res, port_owner_pids,
+                     exclude_names, watchers=None, suspects=None):
+    """Sort the processes holding the target GPUs: managed, adopted, watcher, orphan, system or foreign.
+
+    ``holder_gpus``: ``{pid: [gpu indices]}``; ``watchers`` and ``suspects``: ``{pid: why}`` from :func:`find_watchers`
+    (a suspect's reason is added to its own). Returns a list of dicts (pid, class, why, user, cmdline masked, session,
+    ports for foreign ones).
+    """
+    watchers = watchers or {}
+    suspects = suspects or {}
     def tree_of(pids):
         out = set()
         for pid in pids:
@@ -217,6 +306,8 @@ def classify_holders(table, holder_gpus, managed_pids, managed_unit, recorded_pi
         elif pid in adopted:
             entry.update({"class": "adopted", "why": "part of the server this deploy adopts (on the managed port, or named by "
                                                      "sglang_adopt_pids)"})
+        elif pid in watchers:
+            entry.update({"class": "watcher", "why": watchers[pid]})
         elif any(r.search(cmd) for r in adopt_res) or (leader is not None and any(
                 r.search(" ".join(leader.cmdline)) for r in adopt_res)):
             entry.update({"class": "adopted", "why": "matches sglang_adopt_patterns"})
@@ -236,6 +327,8 @@ def classify_holders(table, holder_gpus, managed_pids, managed_unit, recorded_pi
                 entry["why"] = "another server: PID %d (%s)%s" % (
                     root.pid, " ".join(secret_rules.mask_argv(list(root.cmdline)))[:200] or root.comm,
                     "" if leader is not None and not leader.exited else ", whose session leader %d is gone" % info.sid)
+        if pid in suspects and entry["class"] in ("foreign", "orphan"):
+            entry["why"] = "%s; %s" % (entry["why"], suspects[pid])
         out.append(entry)
     return out
 

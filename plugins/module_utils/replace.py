@@ -25,6 +25,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
 from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as launch_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils import node_state
 from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
@@ -36,6 +37,11 @@ PHASES = ("all", "teardown", "launch", "verify", "weights")
 # Fields that an in-place weight update changes while /server_info keeps the launch values (docs/reference/sglang-rules.md).
 WEIGHT_FIELDS = ("model_path", "tokenizer_path", "served_model_name", "speculative_draft_model_path")
 TARGETS = ("candidate", "known_good")
+# Why a run failed, for the roles (machine-readable; ``failed_step`` says where): nothing on the node was changed, the
+# teardown changed something and then failed, the candidate (or the known-good relaunch) failed, the failed candidate
+# could not be stopped, a weight update failed, a signal stopped the module, the lease was lost.
+REASONS = ("nothing_touched", "teardown_failed", "launch_failed", "stop_failed", "weights_failed", "interrupted",
+           "lease_lost")
 
 
 # The signal that stops a step (SIGTERM, SIGINT, SIGHUP), shared with sglang_promote's smoke gate.
@@ -89,9 +95,12 @@ class Replace(object):
         self.keepalive = None
         self.step = None
         self.secrets = []
-        # In the launch phase of a multi-node group the teardown ran in an earlier module run.
+        # In the launch phase of a multi-node group the teardown ran in an earlier module run. ``torn_down``: the old
+        # server was stopped (or there was none); ``touched``: this run changed what runs on the node (it signalled a
+        # process, stopped a unit or started a server), the condition for any rollback.
+        launch_phase = self.p["phase"] == "launch"
         self.result = {"changed": False, "phase": self.p["phase"], "target": self.p["target"],
-                       "torn_down": self.p["phase"] == "launch",
+                       "torn_down": launch_phase, "touched": launch_phase,
                        "signalled": [], "steps": [], "timings": {}, "node_state": "unchanged"}
         self.candidate_pid = None
         self.verify_launcher = None
@@ -113,6 +122,11 @@ class Replace(object):
         """Called while waiting: fail fast when the lease was taken over."""
         if self.keepalive is not None:
             self.keepalive.check()
+
+    def touch(self):
+        """This run changed what runs on the node (a signal, a stopped unit, a started server)."""
+        self.result["touched"] = True
+        self.result["changed"] = True
 
     # ------------------------------------------------------------------
     def launch_params(self, target):
@@ -137,8 +151,6 @@ class Replace(object):
         self.part = "teardown"
         self.mark(journal_mod.TEARDOWN, detail="signalling %s on GPUs %s" % (
             ", ".join(str(x) for x in td.get("pids") or []) or "the holders", ",".join(str(g) for g in td.get("gpus") or [])))
-        self.result["torn_down"] = True
-        self.result["changed"] = True
         unit = launch.get("unit") or "sglang-%s.service" % launch.get("name", "main")
         if launch.get("manager") == "systemd":
             systemctl = self.module.get_bin_path("systemctl", required=True)
@@ -146,8 +158,9 @@ class Replace(object):
             try:
                 props = systemd.show(run, systemctl, unit)
                 if systemd.loaded(props) and systemd.is_active(props):
-                    systemd.stop(run, systemctl, unit)
                     self.result["unit_stopped"] = unit
+                    self.touch()
+                    systemd.stop(run, systemctl, unit)
             except systemd.SystemdError as exc:
                 self.module.warn("stopping %s failed (%s); the drain stops its processes by PID" % (unit, exc))
         params = _typed(drain_engine.ARGUMENT_SPEC, dict((k, v) for k, v in td.items() if k in drain_engine.ARGUMENT_SPEC),
@@ -159,9 +172,19 @@ class Replace(object):
         except drain_engine.DrainError as exc:
             self.result["signalled"] = (exc.result or {}).get("signalled", [])
             self.result["drain"] = exc.result
+            # A drain that failed before its first signal (nvidia-smi hung or cut short, a holder it may not stop)
+            # changed nothing: the old server still runs as it did.
+            if any(item.get("signals") for item in self.result["signalled"]):
+                self.result["torn_down"] = True
+                self.touch()
+            else:
+                self.result["signalled"] = []     # planned, never signalled: the plan stays in ``drain``
             raise
         self.result["signalled"] = drained.get("signalled", [])
         self.result["drain"] = drained
+        self.result["torn_down"] = True
+        if any(item.get("signals") for item in self.result["signalled"]) or drained.get("changed"):
+            self.touch()
         self.result["timings"]["teardown_s"] = round(time.monotonic() - t0, 3)
         # The drain's last snapshot was taken after every process it stopped had exited: judged first, it saves a
         # second nvidia-smi round inside the outage when the GPUs are free already.
@@ -219,7 +242,7 @@ class Replace(object):
         pid, start, offset, is_child = launcher.start(port_grace=10.0 if self.result["torn_down"] else 0.0)
         self.candidate_pid = pid
         launcher.result["pid"] = pid
-        self.result["changed"] = True
+        self.touch()
         self.mark(journal_mod.LAUNCHING if label == "candidate" else journal_mod.ROLLING_BACK,
                   detail="%s PID %d started, waiting for %s" % (label, pid, launcher.p["health_path"]),
                   candidate={"pid": pid, "starttime": start, "fingerprint": launcher.fp} if label == "candidate" else None,
@@ -354,6 +377,7 @@ class Replace(object):
                                          "redeploy again" % cur["pid"])
         self.candidate_pid = cur["pid"]
         self.result["torn_down"] = True     # the server under test is the unverified candidate: a failure rolls back
+        self.result["touched"] = True
         self.mark(journal_mod.LAUNCHING, detail="verifying the running candidate PID %s" % cur["pid"],
                   candidate={"pid": cur["pid"], "starttime": cur["start"], "fingerprint": launcher.fp})
         record = cur.get("record") or {}
@@ -406,8 +430,14 @@ class Replace(object):
                 stopped = report.get("signalled", []) + report.get("killed", [])
             except launch_mod.LaunchError as exc:
                 self.module.warn("stopping the failed candidate: %s" % exc.msg)
+        # Only what this run started or already stopped may be signalled: the candidate, and the rest of the old server
+        # this run's teardown signalled. Any other holder of the GPUs makes the drain refuse (and the rollback fail).
         given = dict((k, v) for k, v in td.items() if k in drain_engine.ARGUMENT_SPEC)
-        given.update(pids=[pid] if pid else [], expected_pids=[], on_unexpected="signal")
+        ours = set(x for x in td.get("expected_pids") or [] if isinstance(x, int))
+        ours |= set(item.get("pid") for item in self.result.get("signalled") or [] if isinstance(item.get("pid"), int))
+        if pid:
+            ours.add(pid)
+        given.update(pids=[pid] if pid else [], expected_pids=sorted(ours), on_unexpected="fail")
         params = _typed(drain_engine.ARGUMENT_SPEC, given, "teardown")
         drained = drain_engine.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn)
         self.result.setdefault("rollback_signalled", []).extend(drained.get("signalled", []) or [{"pid": p} for p in stopped])
@@ -439,11 +469,13 @@ class Replace(object):
                     probe = launch_mod.Launcher(self.module, params, check_mode=True)
                     blockers = probe.plan()
                     if blockers:
-                        raise launch_mod.LaunchError("the %s config cannot be launched (nothing was touched): %s"
+                        raise launch_mod.LaunchError("the %s config cannot be launched: %s"
                                                      % (label, "; ".join(blockers)))
                 if p["phase"] in ("all", "teardown"):
                     if p["target"] == "known_good":
-                        self.mark(journal_mod.ROLLING_BACK, detail="tearing down the failed candidate")
+                        pids = [str(x) for x in (p["teardown"] or {}).get("pids") or []]
+                        self.mark(journal_mod.ROLLING_BACK, detail="tearing down the failed candidate (PID %s)" % ", ".join(pids)
+                                  if pids else "freeing the target GPUs of what this run left (no candidate PID known)")
                     self.teardown()
                     self.result["node_state"] = "no server"
                 if p["phase"] == "teardown":
@@ -464,10 +496,12 @@ class Replace(object):
                 return self.finish()
         except Interrupted as exc:
             self.result["failed_step"] = self.part
+            self.result["reason"] = "interrupted"
             self.record_failure(journal_mod.INTERRUPTED, "%s at step %s" % (exc, self.step))
             raise ReplaceFailed("sglang_replace was %s at step %s; the node journal records it, and the next run continues "
                                 "from there" % (exc, self.step), self.finish_result())
         except lease_mod.LeaseLost as exc:
+            self.result["reason"] = "lease_lost"
             raise ReplaceFailed(str(exc), self.finish_result())
         except (launch_mod.LaunchError, drain_engine.DrainError, gpu_verify.VerifyError) as exc:
             return self.failed_or_interrupted(exc, launcher)
@@ -481,6 +515,7 @@ class Replace(object):
             return self.failed(exc, launcher)
         except Interrupted as stop:
             self.result["failed_step"] = self.part
+            self.result["reason"] = "interrupted"
             self.record_failure(journal_mod.INTERRUPTED, "%s at step %s (while handling: %s)" % (
                 stop, self.step, getattr(exc, "msg", exc)))
             raise ReplaceFailed("sglang_replace was %s at step %s while it handled a failure (%s); the node journal records "
@@ -499,10 +534,14 @@ class Replace(object):
             self.result["launch"] = secret_rules.redact(launcher.result, self.secrets)
         elif extra:
             self.result["launch"] = secret_rules.redact(extra, self.secrets)
-        if not self.result["torn_down"]:
-            self.record_failure(journal_mod.FAILED, "before the teardown: %s" % msg, settled=True)
-            self.result["node_state"] = "unchanged (the old server still serves)"
-            raise ReplaceFailed("%s (nothing was torn down; the old server still serves)" % msg, self.finish_result())
+        if not self.result["touched"]:
+            # Nothing was signalled, stopped or started (the checks before the teardown, or a drain that failed before its
+            # first signal): a preflight-like failure. No rollback: there is nothing to roll back.
+            self.result["reason"] = "weights_failed" if p["phase"] == "weights" else "nothing_touched"
+            self.observe()
+            where = "before the teardown" if self.step is None else "%s failed before it changed anything" % self.part
+            self.record_failure(journal_mod.FAILED, "%s: %s; nothing was touched" % (where, msg), settled=True)
+            raise ReplaceFailed("%s (nothing was touched; %s)" % (msg, self.result["node_state"]), self.finish_result())
         step = self.step
         failed_launcher = launcher or (launch_mod.Launcher(self.module, self.launch_params(p["target"]) or {})
                                        if p["phase"] != "teardown" else None)
@@ -512,14 +551,17 @@ class Replace(object):
             except Exception:  # noqa: BLE001 - the stop below works by PID
                 pass
         if p["phase"] == "teardown" or step in (journal_mod.TEARDOWN,):
+            self.result["reason"] = "teardown_failed"
             self.record_failure(journal_mod.FAILED, "teardown failed: %s" % msg)
-            self.result["node_state"] = self.state_after_failed_teardown(exc)
+            self.observe()
             raise ReplaceFailed(msg, self.finish_result())
+        self.result["reason"] = "weights_failed" if p["phase"] == "weights" else "launch_failed"
         try:
             self.stop_failed(failed_launcher)
         except (drain_engine.DrainError, gpu_verify.VerifyError, launch_mod.LaunchError) as stop_exc:
+            self.result["reason"] = "stop_failed"
             self.record_failure(journal_mod.FAILED, "%s; stopping it failed too: %s" % (msg, getattr(stop_exc, "msg", stop_exc)))
-            self.result["node_state"] = "failed candidate may still hold the GPUs"
+            self.observe()
             self.result["rollback"] = {"status": "failed", "detail": "the failed %s could not be stopped: %s"
                                        % (p["target"], getattr(stop_exc, "msg", stop_exc))}
             raise ReplaceFailed(msg, self.finish_result())
@@ -528,19 +570,32 @@ class Replace(object):
             self.rollback_in_place(msg)
         else:
             self.record_failure(journal_mod.FAILED, msg)
+            self.observe()
         raise ReplaceFailed(msg, self.finish_result())
 
-    def state_after_failed_teardown(self, exc):
-        """What runs after a failed teardown, from what is alive now (the planned roots) and what failed."""
-        planned = [pid for pid in ((self.p["teardown"] or {}).get("pids") or []) if isinstance(pid, int)]
-        alive = [pid for pid in planned if sp.alive(pid)]
-        if alive:
-            return "the old server still runs (PID %s could not be stopped)" % ", ".join(str(pid) for pid in alive)
-        if isinstance(exc, gpu_verify.VerifyError):
-            if (getattr(exc, "result", None) or {}).get("ports"):
-                return "no server (the old one was stopped; the new server's ports are still held, see the error)"
-            return "no server (the old one was stopped; the target GPUs are not free, see the error)"
-        return "no server (the old one was stopped; the teardown failed after that, see the error)"
+    def observe(self):
+        """Set ``node_state`` (words) and ``node`` (facts) from what the node shows now: who listens on the server's
+        port and answers /health, and who has the target GPUs' device files open (node_state.py)."""
+        launch = dict(self.p["launch"] or {})
+        td = dict(self.p["teardown"] or {})
+        args = dict(launch.get("args") or {})
+        try:
+            port = int(args.get("port") or launch_mod.DEFAULT_PORT)
+        except (TypeError, ValueError):
+            port = None
+        planned = [x for x in td.get("pids") or [] if isinstance(x, int)]
+        if self.p["target"] == "candidate":
+            groups = [("old server", planned), ("candidate", [self.candidate_pid] if self.candidate_pid else [])]
+        else:
+            groups = [("failed candidate", planned), ("known-good server", [self.candidate_pid] if self.candidate_pid else [])]
+        try:
+            text, facts = node_state.observe(port, args.get("host"), td.get("gpus") or [],
+                                             node_state.patterns_for(td.get("device_paths")), groups)
+        except (OSError, ValueError) as exc:
+            text, facts = "unknown (the node could not be inspected: %s)" % exc, {"port": port, "error": str(exc)}
+        self.result["node_state"] = text
+        self.result["node"] = facts
+        return text
 
     def rollback_in_place(self, why):
         """The candidate failed before it was healthy: launch the known-good config in this same run."""
@@ -550,6 +605,7 @@ class Replace(object):
             self.result["rollback"] = {"status": "unavailable",
                                        "detail": "no known-good config under %s (this node was never deployed successfully by "
                                                  "this collection)" % launch_mod.known_good_dir(self.config_dir)}
+            self.observe()
             return
         self.mark(journal_mod.ROLLING_BACK, detail="candidate failed: %s" % why[:300])
         self.candidate_pid = None
@@ -561,7 +617,7 @@ class Replace(object):
             detail = "the last known-good config did not come back healthy: %s" % getattr(exc, "msg", exc)
             self.record_failure(journal_mod.FAILED, "candidate failed, rollback failed: %s" % detail[:300])
             self.result["rollback"] = {"status": "failed", "detail": detail}
-            self.result["node_state"] = "no server"
+            self.observe()
             return
         self.mark(journal_mod.ROLLED_BACK, detail="known-good PID %s healthy" % launcher.result.get("pid"))
         self.result["rollback"] = {"status": "succeeded", "pid": launcher.result.get("pid"),

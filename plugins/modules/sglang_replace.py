@@ -24,7 +24,14 @@ description:
     works, so that an interrupted run (SIGKILL of the controller, Ctrl-C, an AWX cancel) leaves a state the
     next run recognises.
   - With O(rollback=true), a candidate that fails before it is healthy and verified is stopped, the GPUs are
-    proven free again, and the last known-good config is relaunched in the same run.
+    proven free again, and the last known-good config is relaunched in the same run. Stopping the failed candidate
+    signals only what this run started or already stopped (the candidate, the rest of the old server); any other
+    holder of the GPUs makes the rollback fail, naming it, and is never signalled.
+  - A run that fails before it changed anything (a check before the teardown, or a drain that failed before its first
+    signal, for example because nvidia-smi hung or printed a cut-off table) touched nothing, rolls nothing back and
+    says so (RV(touched) false, RV(reason) V(nothing_touched)).
+  - After a failure, RV(node_state) and RV(node) say what the node shows (who listens on the server's port and answers
+    C(/health), which processes hold the target GPUs' device files), never what the run meant to leave.
   - O(target=known_good) relaunches the known-good record (the rollback after a failed smoke gate).
   - O(phase) splits the run for a multi-node server, whose ranks must all be torn down before any starts.
 options:
@@ -145,9 +152,32 @@ EXAMPLES = r"""
 
 RETURN = r"""
 torn_down:
-  description: Whether the old server was signalled (the node served nothing from then on until the launch).
+  description: Whether the old server was stopped (or there was none): the drain signalled something or finished.
   returned: always
   type: bool
+touched:
+  description:
+    - Whether this run changed what runs on the node (it signalled a process, stopped the unit or started a server).
+      A rollback is only ever needed, and only ever runs, after a run that touched the node.
+  returned: always
+  type: bool
+failed_step:
+  description: The part that failed (V(teardown), V(launch), V(verify allocated), V(weights)).
+  returned: on failure
+  type: str
+reason:
+  description:
+    - Why the run failed, as a code for the roles (they never parse RV(msg)); V(nothing_touched), V(teardown_failed),
+      V(launch_failed), V(stop_failed), V(weights_failed), V(interrupted) or V(lease_lost).
+  returned: on failure
+  type: str
+node:
+  description:
+    - What the node shows after a failure, C(port), C(listener) (C(pid), C(name), C(owner) such as V(old server) or
+      V(candidate); null when nothing listens), C(health) (the HTTP status of C(/health), null when it does not
+      answer) and C(gpu_users) (C(pid), C(name), C(gpus), C(owner) of each process with a target GPU's device file open).
+  returned: on failure
+  type: dict
 signalled:
   description: What the teardown signalled (as M(gpufleet.sglang.gpu_drain) returns it).
   returned: always
@@ -176,7 +206,10 @@ rollback:
   returned: when O(rollback=true) and the candidate failed
   type: dict
 node_state:
-  description: What runs on the node when the module ends, in words.
+  description:
+    - What runs on the node when the module ends, in words; after a failure it is read from the node (RV(node)), for
+      example V(the old server still serves: PID 4218 listens on port 30000 and /health answers 200; GPU 0,1 open by
+      the old server's PIDs 4235,4236) or V(no server: nothing listens on port 30000; no process has GPU 0,1 open).
   returned: always
   type: str
 steps:

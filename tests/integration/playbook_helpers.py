@@ -640,7 +640,7 @@ class SimNode(object):
         return path
 
     # -- running playbooks ---------------------------------------------------
-    def _prepare(self, playbook, host_vars, extravars, check, hosts=None):
+    def _prepare(self, playbook, host_vars, extravars, check, hosts=None, verbosity=None):
         self._run_count += 1
         ident = "%02d-%s%s" % (self._run_count, pathlib.Path(playbook).stem, "-check" if check else "")
         pdd = self.runs / ident
@@ -663,6 +663,8 @@ class SimNode(object):
         kwargs = dict(private_data_dir=str(pdd), ident="run", playbook=str(PLAYBOOKS / playbook),
                       inventory=str(inventory), extravars=extravars or {}, envvars=envvars, quiet=True,
                       cmdline="--check --diff" if check else None, timeout=540)
+        if verbosity:
+            kwargs["verbosity"] = int(verbosity)
         return kwargs
 
     def _execute(self, playbook, kwargs):
@@ -680,13 +682,14 @@ class SimNode(object):
         self.runs_done.append(run)
         return run
 
-    def run(self, playbook="redeploy.yml", host_vars=None, extravars=None, check=False, hosts=None):
+    def run(self, playbook="redeploy.yml", host_vars=None, extravars=None, check=False, hosts=None, verbosity=None):
         """Run ``playbooks/<playbook>`` to the end; returns a :class:`PlaybookRun`.
 
         ``host_vars``: the variables of the one host ``node1`` (default ``self.host_vars()``);
-        ``hosts``: ``{name: host vars}`` for several inventory hosts on this node instead.
+        ``hosts``: ``{name: host vars}`` for several inventory hosts on this node instead;
+        ``verbosity``: 3 runs it as ``-vvv`` (the runner's stdout artifact then holds what an operator's job log shows).
         """
-        kwargs = self._prepare(playbook, host_vars, extravars, check, hosts)
+        kwargs = self._prepare(playbook, host_vars, extravars, check, hosts, verbosity)
         return self._execute(playbook, kwargs)
 
     def start(self, playbook="redeploy.yml", host_vars=None, extravars=None, check=False, hosts=None):

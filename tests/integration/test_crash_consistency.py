@@ -294,6 +294,93 @@ def test_an_expired_lease_of_another_machine_is_taken_over_and_said(node):
 
 
 # --------------------------------------------------------------------------
+# 2b. A teardown that signalled nothing changed nothing: no rollback (issue 28 part 2)
+# --------------------------------------------------------------------------
+
+REPLACE = "Replace the server in one module run, candidate all"
+ROLLBACK = "Replace the server in one module run, known_good all"
+
+# nvidia-smi that misbehaves once the journal shows a run past its plan (step planned and later, not yet settled):
+# the preflight of the run still reads the node fine, the teardown's first nvidia-smi call does not. "once": only that
+# first call (a marker file remembers it), later calls (the rollback's) work again.
+FAULTY_SMI = """#!%(python)s
+import json, os, subprocess, sys, time
+real, journal, mode, marker = %(real)r, %(journal)r, %(mode)r, %(marker)r
+try:
+    with open(journal) as fh:
+        step = json.load(fh).get("step")
+except (OSError, ValueError):
+    step = None
+if step not in (None, "promoted", "rolled_back", "failed", "stopped") and not (marker and os.path.exists(marker)):
+    if marker:
+        open(marker, "w").close()
+    if mode == "truncate":
+        out = subprocess.run([real] + sys.argv[1:], stdout=subprocess.PIPE, check=False).stdout
+        sys.stdout.buffer.write(out[:130])
+        sys.exit(0)
+    time.sleep(120)
+os.execv(real, [real] + sys.argv[1:])
+"""
+
+
+def faulty_nvidia_smi(node, mode, once):
+    """A directory with a misbehaving ``nvidia-smi`` (FAULTY_SMI) in front of the simulator's; returns host vars that
+    put it first on ``sglang_node_environment.PATH`` for a run with a changed config."""
+    bindir = node.base / ("faulty-smi-%s-%s" % (mode, "once" if once else "always"))
+    bindir.mkdir()
+    script = bindir / "nvidia-smi"
+    script.write_text(FAULTY_SMI % {"python": str(playbook_helpers.VENV_BIN / "python"),
+                                    "real": str(playbook_helpers.SIM_BIN / "nvidia-smi"),
+                                    "journal": str(node.state / "journal.json"), "mode": mode,
+                                    "marker": str(bindir / "fired") if once else ""})
+    script.chmod(0o755)
+    hv = node.host_vars()
+    hv["sglang_server_args"] = dict(hv["sglang_server_args"], schedule_policy="lpm")
+    hv["sglang_node_environment"] = dict(hv["sglang_node_environment"], PATH="%s:%s" % (bindir, node.path_env))
+    return hv
+
+
+@pytest.mark.parametrize("once", [False, True], ids=["every-call", "first-call"])
+def test_a_teardown_that_fails_before_any_signal_touches_nothing_and_rolls_nothing_back(node, once):
+    """nvidia-smi output cut short (``head -c 130``) from the teardown on: the drain fails before it signals anything.
+    Nothing was touched, so nothing is rolled back (the old code "rolled back": it SIGTERMed the healthy old server
+    and relaunched it, or, with every call failing, reported "no server" while the old server served); the report's
+    node state is what the node shows: the old server listens on its port and answers."""
+    hv = faulty_nvidia_smi(node, "truncate", once)
+    old = node.server_pid()
+    old_tree = node.server_tree()
+    run = node.run(host_vars=hv)
+    row = run.row()
+    replaced = run.task_result(REPLACE)
+    assert run.rc != 0 and row["status"] == "failed", row
+    assert replaced["failed"] and replaced["failed_step"] == "teardown" and replaced["reason"] == "nothing_touched", replaced
+    assert replaced["touched"] is False and replaced["torn_down"] is False
+    assert all(not s.get("signals") for s in replaced["signalled"]), replaced["signalled"]
+    assert not run.ran(ROLLBACK), "no rollback may run: nothing was torn down"
+    assert row["rollback"]["status"] == "not_needed" and row["step"] == "teardown", row
+    assert row["signalled"] == [] or all(not s.get("signals") for s in row["signalled"]), row["signalled"]
+    fail_msg = run.task_result("Fail the host")["msg"]
+    assert "(nothing was touched; the old server still serves: PID %d listens on port %d" % (old, node.port) in fail_msg
+    assert fail_msg.endswith(" No rollback: nothing was touched.") and "Rollback" not in fail_msg, fail_msg
+    # The node state is observed: the old server's PID on the port, healthy.
+    assert row["node_state"].startswith("the old server still serves: PID %d listens on port %d" % (old, node.port)), \
+        row["node_state"]
+    assert replaced["node"]["listener"]["pid"] == old and replaced["node"]["listener"]["owner"] == "old server"
+    assert replaced["node"]["health"] == 200
+    # And it is true: the same processes, healthy, with the good config.
+    assert node.server_pid() == old and all(alive(pid) for pid in old_tree)
+    assert_good_server_serves(node)
+    entry = node.journal()
+    assert entry["run_id"] == run.run_id and entry["step"] == "failed", entry
+    steps = [h["step"] for h in entry["history"] if h["run_id"] == run.run_id]
+    assert "rolling_back" not in steps and "torn_down" not in steps, steps
+    assert node.lease_holder() is None
+    # The next run (nvidia-smi fine again) finds the old server untouched and replaces it as planned.
+    again = node.run(host_vars=dict(hv, sglang_node_environment=node.host_vars()["sglang_node_environment"]))
+    assert again.row()["status"] == "deployed", again.row()
+
+
+# --------------------------------------------------------------------------
 # 3. Everything is validated before anything is touched
 # --------------------------------------------------------------------------
 

@@ -525,11 +525,9 @@ ORPHAN_SUMMARY = ORPHAN_TEXT + " after 2 s (orphaned context); a GPU reset is ne
 def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
     """Orphaned memory (a context the driver kept after its process died) on GPU 1: the teardown cannot free
     it, the verify-free step fails with the diagnosis, and the rollback cannot relaunch the known-good config
-    either, because the GPUs are still not free. Runs after the teardown test: the node has a known-good
-    config but (normally) no running server; a server that runs is torn down first."""
-    if not (node.etc / "known-good" / "server.json").exists():
-        ensure_deployed(node)
-    old_pid = node.server_pid() if node.server_pid() and alive(node.server_pid()) else None
+    either, because the GPUs are still not free. A server runs first (after the teardown test none does): a
+    run that signalled nothing would have touched nothing, and nothing would be rolled back (test_crash_consistency)."""
+    old_pid = ensure_deployed(node)
     node.gpusim("orphan", "--gpu", 1, "--mib", ORPHAN_MIB)
     try:
         run = node.run(host_vars=node.host_vars(gpu_verify_timeout=2), extravars={"sglang_redeploy_force": True})
@@ -562,13 +560,14 @@ def test_stuck_gpu_memory_fails_verify_and_the_rollback(node):
     assert row["rollback"]["detail"].startswith(
         "the teardown before the relaunch failed, so the last known-good config was not relaunched: "), row["rollback"]
     assert ORPHAN_TEXT in row["rollback"]["detail"], row["rollback"]
-    assert row["node_state"].startswith("no server (the old one was stopped; the target GPUs are not free"), row
-    if old_pid:
-        assert old_pid in [p["pid"] for p in row["signalled"]]
+    # What the node shows: nothing listens on the port, and no process holds the GPUs (the orphaned memory has none).
+    assert row["node_state"] == "no server: nothing listens on port %d; no process has GPU 0,1 open" % node.port, row
+    assert replaced["reason"] == "teardown_failed" and replaced["touched"] is True
+    assert old_pid in [p["pid"] for p in row["signalled"]]
     assert node.journal()["step"] == "failed"
 
     # The honest end state: no server runs; GPU 1 kept the orphaned 2 GiB until the reset above.
-    assert node.health() is None and not (old_pid and alive(old_pid))
+    assert node.health() is None and not alive(old_pid)
     assert used[0] == IDLE_MIB and used[1] == IDLE_MIB + ORPHAN_MIB, used
 
 

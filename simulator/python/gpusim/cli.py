@@ -150,6 +150,25 @@ def cmd_hold(a) -> int:
     return 0
 
 
+def cmd_monitor(a) -> int:
+    from . import holder
+
+    node = _node_from_env()
+    try:
+        gpus = _parse_gpus(node, a.gpus)
+    except ValueError as e:
+        return _die(str(e), 2)
+    try:
+        res = holder.spawn_monitor(node, gpus, name=a.name, uvm=not a.no_uvm, interval=a.interval)
+    except holder.SpawnError as e:
+        return _die(str(e), e.rc)
+    if a.json:
+        print(json.dumps(res))
+    else:
+        print(res["pid"])
+    return 0
+
+
 def cmd_attach(a) -> int:
     node = _node_from_env()
     try:
@@ -290,6 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true",
                    help="print {pid, watcher_pid, id, keepers} as JSON instead of the PID")
     s.set_defaults(fn=cmd_hold)
+
+    s = sub.add_parser("monitor", help="start a detached monitoring agent (device files open, no memory, "
+                                       "never a compute process); prints its PID")
+    s.add_argument("--gpus", default="all", help="comma list of indices, or 'all' (default)")
+    s.add_argument("--name", default="gpu-monitor", help="process comm (15 chars), default %(default)s")
+    s.add_argument("--no-uvm", action="store_true",
+                   help="leave dev/nvidia-uvm closed (a pure NVML client; by default it is open, as some agents keep it)")
+    s.add_argument("--interval", type=_nonneg_float, default=1.0, help="seconds between polls (default %(default)s)")
+    s.add_argument("--json", action="store_true", help="print {pid, devices} as JSON instead of the PID")
+    s.set_defaults(fn=cmd_monitor)
 
     s = sub.add_parser("attach", help="register a hold for an existing live process")
     s.add_argument("--pid", type=_pos_int, required=True)

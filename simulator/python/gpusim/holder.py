@@ -17,6 +17,13 @@ it (``Node.mark_exited``), then keeps reaping reparented keepers and stamps
 The holder reports back to the CLI over a pipe with one JSON line, so the CLI
 prints the PID only after the hold is registered (callers can immediately see
 it in nvidia-smi) and turns an out-of-memory into rc 2 with nothing held.
+
+``gpusim monitor`` starts a monitoring agent instead (:func:`spawn_monitor`): a
+detached process, leader of its own session, that keeps ``dev/nvidiactl``,
+``dev/nvidia<N>`` and (unless ``--no-uvm``) ``dev/nvidia-uvm`` open and polls
+the node every ``--interval`` seconds, as NVML exporters, ``nvtop`` or
+``gpustat --watch`` do. It registers no hold: nvidia-smi never lists it as a
+compute process and it adds no memory (docs/reference/gpu-watchers.md).
 """
 from __future__ import annotations
 
@@ -245,3 +252,79 @@ def spawn(node: "_node.Node", gpus, mib: int, name=None, ignore_sigterm=False,
     if not msg.get("ok"):
         raise SpawnError(msg.get("error") or "hold failed", int(msg.get("rc") or 1))
     return msg
+
+
+# ---------------------------------------------------------------------------
+# Monitoring agents (``gpusim monitor``)
+# ---------------------------------------------------------------------------
+
+def _monitor(node: "_node.Node", wfd: int, opts: dict) -> None:
+    rc = 1
+    try:
+        _detach_stdio(keep={wfd})
+        try:
+            os.chdir("/")
+        except OSError:
+            pass
+        os.setsid()     # a daemon of its own, as a service's main process is: it leads its session and group
+        procfs.set_comm(opts.get("name") or "gpu-monitor")
+        _setup_signals({})
+        devs = ["nvidiactl"] + (["nvidia-uvm"] if opts.get("uvm", True) else []) + ["nvidia%d" % g for g in opts["gpus"]]
+        fds = [os.open(os.path.join(node.dev_dir, d), os.O_RDWR) for d in devs]
+        _write_msg(wfd, {"ok": True, "pid": os.getpid(), "devices": devs, "fds": len(fds)})
+        os.close(wfd)
+        wfd = -1
+        interval = float(opts.get("interval") or 1.0)
+        while True:
+            # One poll, as an NVML exporter scrapes: read every GPU's memory, register nothing.
+            try:
+                node.gpus()
+            except Exception:  # noqa: BLE001 - an exporter keeps polling when the driver fails
+                pass
+            time.sleep(interval)
+    except BaseException as e:  # report anything to the CLI, then vanish
+        if wfd >= 0:
+            _write_msg(wfd, {"ok": False, "rc": rc, "error": "%s: %s" % (type(e).__name__, e)})
+    finally:
+        os._exit(rc)
+
+
+def spawn_monitor(node: "_node.Node", gpus, name=None, uvm=True, interval=1.0) -> dict:
+    """Start a detached monitoring agent with the device files of ``gpus`` open; returns ``{"pid", "devices"}`` once
+    its descriptors are open. It holds no memory and is no compute process. Raises SpawnError."""
+    opts = {"gpus": list(gpus), "name": name, "uvm": bool(uvm), "interval": float(interval)}
+    r, w = os.pipe()
+    inter = os.fork()
+    if inter == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            if os.fork() == 0:
+                _monitor(node, w, opts)
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(inter, 0)
+    buf = b""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SpawnError("the monitor did not report within %.0f s" % READY_TIMEOUT_S)
+            ready, _w, _x = select.select([r], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        os.close(r)
+    line = buf.decode(errors="replace").strip()
+    if not line:
+        raise SpawnError("the monitor exited before it opened the device files")
+    msg = json.loads(line.splitlines()[0])
+    if not msg.get("ok"):
+        raise SpawnError(msg.get("error") or "monitor failed", int(msg.get("rc") or 1))
+    return {"pid": msg["pid"], "devices": msg.get("devices", [])}

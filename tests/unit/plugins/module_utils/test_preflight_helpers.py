@@ -224,7 +224,8 @@ def classify(tab, holders, **kw):
                 port_owner_pids=[B + 350], exclude_names=set(gpu_query.GPU_SYSTEM_DAEMONS))
     args.update(kw)
     out = pf.classify_holders(tab, holders, args["managed_pids"], args["managed_unit"], args["recorded_pids"],
-                              args["adopt_pids"], args["adopt_res"], args["port_owner_pids"], args["exclude_names"])
+                              args["adopt_pids"], args["adopt_res"], args["port_owner_pids"], args["exclude_names"],
+                              watchers=args.get("watchers"), suspects=args.get("suspects"))
     return dict((e["pid"], e) for e in out), out
 
 
@@ -340,3 +341,105 @@ def test_serving_process_whose_session_leader_is_gone_is_not_an_orphan(listener)
     by_pid, dummy = classify(tab, {me: {2, 3}})
     assert listener in pf.listening_ports([me])
     assert by_pid[me]["class"] == "foreign", by_pid[me]
+
+
+# ---------------------------------------------------------------------------
+# Watchers: memory_accounting and find_watchers (issue 28 part 1, docs/reference/gpu-watchers.md)
+# ---------------------------------------------------------------------------
+
+DEV = "/dev/nvidia%s"
+
+
+def gpu(index, used, procs=(), **extra):
+    return dict({"index": index, "used_mib": used, "mig_mode": None, "lost": False,
+                 "processes": [{"pid": pid, "used_mib": mib} for pid, mib in procs]}, **extra)
+
+
+def watch_table():
+    procs = [
+        P(1, ppid=0, comm="systemd", cmdline=("/sbin/init",)),
+        P(B + 10, comm="python3", cmdline=("python3", "-m", "sglang.launch_server")),       # a server; its scheduler:
+        P(B + 11, ppid=B + 10, sid=B + 10, comm="sglang::schedul"),
+        P(B + 12, ppid=B + 10, sid=B + 10, comm="sglang::detoken"),                         # no context, in its session
+        P(B + 20, comm="dcgm-exporter2", cmdline=("/usr/bin/exporter",)),                    # an NVML exporter
+        P(B + 21, comm="nvtop", cmdline=("nvtop",)),                                         # nvtop, with uvm open
+        P(B + 30, sid=B + 30, comm="sglang::schedul"),                                      # an orphaned scheduler
+    ]
+    return dict((p.pid, p) for p in procs)
+
+
+def fds_of(mapping):
+    return lambda pid: mapping.get(pid, [])
+
+
+def index_of(path):
+    base = os.path.basename(path)
+    return int(base[6:]) if base[6:].isdigit() else None
+
+
+def test_memory_accounting_a_gpu_whose_memory_listed_processes_cover():
+    tab = watch_table()
+    fds = fds_of({B + 11: [DEV % 0, "/dev/nvidiactl", "/dev/nvidia-uvm"]})
+    got = pf.memory_accounting([gpu(0, 70001, [(B + 11, 70000)]), gpu(1, 1), gpu(2, 16 + pf.WATCH_SLACK_MIB)], tab, fds)
+    assert got == {0: None, 1: None, 2: None}
+    # MIG: the idle baseline of a MIG GPU (96 MiB) plus the slack.
+    assert pf.memory_accounting([gpu(3, 96 + pf.WATCH_SLACK_MIB, mig_mode="Enabled")], tab, fds) == {3: None}
+
+
+@pytest.mark.parametrize("reading,fds,why", [
+    # a forked child keeps its dead parent's memory unlisted (docs/reference/nvidia-smi.md §3.2 b), or an orphan context
+    (gpu(0, 4001), {}, "4001 of its 4001 MiB used belong to no process nvidia-smi lists"),
+    (gpu(0, 70001, [(B + 11, 60000)]), {B + 11: [DEV % 0]}, "10001 of its 70001 MiB used belong to no process"),
+    # inside a container: NVML reports host PIDs, which /proc here does not show
+    (gpu(0, 70001, [(4_194_304 + 77, 70000)]), {}, "which is not visible in /proc: another PID namespace"),
+    # a listed PID that names another process here (no device file open)
+    (gpu(0, 70001, [(B + 20, 70000)]), {}, "has no GPU device file open here: the PID names another process"),
+    (gpu(0, 70001, [(B + 11, 70000)]), {B + 11: None}, "cannot be inspected"),
+    (gpu(0, 70001, [(B + 11, None)]), {B + 11: [DEV % 0]}, "nvidia-smi lists a process without its memory"),
+    (gpu(0, 70001, [(None, 70000)]), {}, "nvidia-smi lists a process without a PID"),
+    (gpu(0, None), {}, "its used memory is unknown"),
+    (dict(gpu(0, 1), lost=True), {}, "its used memory is unknown"),
+])
+def test_memory_accounting_names_why_memory_is_not_accounted_for(reading, fds, why):
+    got = pf.memory_accounting([reading], watch_table(), lambda pid: fds.get(pid, []))
+    assert why in got[0], got
+
+
+def test_find_watchers_tells_watchers_from_users():
+    tab = watch_table()
+    listed = {B + 11: {0}}
+    paths = {
+        B + 12: [DEV % 0, "/dev/nvidiactl", "/dev/nvidia-uvm"],              # in the listed scheduler's session
+        B + 20: ["/dev/nvidiactl", DEV % 0, DEV % 1],                         # pure NVML: no uvm
+        B + 21: ["/dev/nvidiactl", "/dev/nvidia-uvm", DEV % 0, DEV % 1],
+        B + 30: [DEV % 1, "/dev/nvidia-uvm"],                                 # an SGLang process: never a watcher
+        B + 11: [DEV % 0, "/dev/nvidia-uvm"],                                 # listed: a user
+    }
+    watchers, suspects = pf.find_watchers(tab, listed, paths, {0: None, 1: None}, index_of)
+    assert sorted(watchers) == [B + 20, B + 21] and suspects == {}
+    assert watchers[B + 20].startswith("watches GPU 0,1: it only has device files open (nvidia0, nvidia1, nvidiactl)")
+    assert "without /dev/nvidia-uvm it cannot hold a CUDA context at all; never signalled" in watchers[B + 20]
+    assert "it has /dev/nvidia-uvm open but no context on these GPUs" in watchers[B + 21]
+
+
+def test_find_watchers_clears_no_one_on_a_gpu_whose_memory_nobody_listed_accounts_for():
+    tab = watch_table()
+    paths = {B + 20: ["/dev/nvidiactl", DEV % 0, DEV % 1], B + 21: ["/dev/nvidiactl", DEV % 0]}
+    accounting = {0: None, 1: "nvidia-smi lists PID 4194381 (70000 MiB), which is not visible in /proc"}
+    watchers, suspects = pf.find_watchers(tab, {}, paths, accounting, index_of)
+    assert sorted(watchers) == [B + 21]
+    assert suspects[B + 20] == ("it only has device files open, but it may be the user nvidia-smi cannot name: on GPU 1 "
+                                "nvidia-smi lists PID 4194381 (70000 MiB), which is not visible in /proc")
+    # classify_holders: the watcher is a watcher; the suspect stays what it was, with the reason added.
+    by_pid, dummy = classify(tab, {B + 20: {0, 1}, B + 21: {0}}, watchers=watchers, suspects=suspects)
+    assert by_pid[B + 21]["class"] == "watcher" and by_pid[B + 21]["why"] == watchers[B + 21]
+    assert by_pid[B + 20]["class"] in ("foreign", "orphan") and suspects[B + 20] in by_pid[B + 20]["why"]
+
+
+def test_classify_keeps_managed_and_adopted_before_watchers():
+    # A process of the managed server that holds only device files is the server's, not a watcher.
+    by_pid, dummy = classify(table(), {B + 102: {0}, B + 301: {0}}, watchers={B + 102: "w", B + 301: "w"})
+    assert by_pid[B + 102]["class"] == "managed" and by_pid[B + 301]["class"] == "adopted"
+    # An adopt pattern does not make a watcher a server to replace (watchers are never signalled).
+    by_pid, dummy = classify(table(), {B + 400: {0}}, watchers={B + 400: "watches GPU 0"})
+    assert by_pid[B + 400]["class"] == "watcher"

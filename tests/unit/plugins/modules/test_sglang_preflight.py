@@ -20,10 +20,12 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -447,6 +449,55 @@ def test_a_foreign_holder_of_the_target_gpus_fails_naming_it_unless_allowed(node
     assert any(line.startswith("GPU holder PID %d (foreign, user " % other["pid"]) for line in allowed["lines"])
     bad = run(check=True, adopt_patterns=["(unclosed"])
     assert any(p.startswith("sglang_adopt_patterns: '(unclosed' is not a valid regular expression") for p in bad["problems"])
+
+
+def monitor(node, *flags):
+    """A monitoring agent (``gpusim monitor``): device files open, polling, no memory, no compute process."""
+    info = json.loads(node.gpusim("monitor", "--json", *flags))
+    node.tracked[info["pid"]] = starttime(info["pid"])
+    return info["pid"]
+
+
+def test_monitoring_agents_on_the_target_gpus_are_watchers_never_blockers_or_teardown_roots(node, run):
+    """Issue 28 part 1: two NVML-style agents keep the target GPU's device files open (one with /dev/nvidia-uvm, one
+    without) and another team's process really uses the GPU. Only the user is refused; the agents are watchers, never
+    teardown roots or expected PIDs, also with allow_foreign."""
+    agents = [monitor(node, "--name", "nv-exporter"), monitor(node, "--name", "gpustat", "--no-uvm")]
+    user = node.hold([0], 3000, "--name", "other-team")
+    res = run(check=True)
+    classes = dict((h["pid"], h["class"]) for h in res["plan"]["holders"])
+    assert classes == {agents[0]: "watcher", agents[1]: "watcher", user: "foreign"}, res["plan"]["holders"]
+    problem = [p for p in res["problems"] if p.startswith("the target GPUs are held by 1 process(es)")]
+    assert len(problem) == 1 and "PID %d " % user in problem[0], res["problems"]
+    assert all("PID %d " % pid not in " ".join(res["problems"]) for pid in agents)
+    why = dict((h["pid"], h["why"]) for h in res["plan"]["holders"])
+    assert why[agents[0]].startswith("watches GPU 0: it only has device files open (nvidia-uvm, nvidia0, nvidia1, nvidiactl)")
+    assert "without /dev/nvidia-uvm it cannot hold a CUDA context" in why[agents[1]]
+    assert any(line.startswith("GPU holder PID %d (watcher, " % agents[0]) for line in res["lines"])
+    allowed = run(check=True, allow_foreign=True)
+    assert allowed["problems"] == []
+    for pid in agents:
+        assert pid not in allowed["plan"]["teardown_pids"] and pid not in allowed["plan"]["expected_pids"]
+    assert user in allowed["plan"]["teardown_pids"]
+    # Without the user (stopped by its PID): nothing to refuse, the agents are only reported.
+    os.kill(user, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while starttime(user) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    clean = run(check=True)
+    assert clean["problems"] == [] and sorted(h["class"] for h in clean["plan"]["holders"]) == ["watcher", "watcher"]
+
+
+def test_a_device_file_holder_is_no_watcher_where_nvidia_smi_cannot_name_the_user(node, run):
+    """Inside a container NVML lists host PIDs that /proc does not show: the memory of that GPU is not accounted for,
+    so a process that only has its device file open may be that user and is not cleared as a watcher."""
+    node.hold([0], 3000, "--name", "in-a-container", "--foreign-ns")
+    agent = monitor(node, "--name", "nv-exporter")
+    res = run(check=True)
+    entry = [h for h in res["plan"]["holders"] if h["pid"] == agent][0]
+    assert entry["class"] != "watcher" and "it may be the user nvidia-smi cannot name: on GPU 0 nvidia-smi lists PID " \
+        in entry["why"] and "not visible in /proc" in entry["why"], entry
+    assert any("PID %d " % agent in p for p in res["problems"]), res["problems"]
 
 
 def test_a_gpu_holder_that_another_port_serves_on_fails_the_port_check(node, run):

@@ -171,12 +171,18 @@ def test_failure_before_the_teardown_says_nothing_was_torn_down(node, monkeypatc
     res = replace(node, monkeypatch, pids=[old], launch=node.launch(python="no-such-python-h7"))
     assert res["failed"] is True
     assert "python: no-such-python-h7 not found in PATH" in res["msg"]
-    assert res["msg"].endswith("(nothing was torn down; the old server still serves)")
-    assert res["torn_down"] is False and res["signalled"] == [] and alive(old) and node.used(0) >= 1000
-    assert res["node_state"] == "unchanged (the old server still serves)"
+    # The node state is what the node shows (the old server here holds GPU 0 and serves no port).
+    state = "no server: nothing listens on port %d; GPU 0 open by the old server's PID %d" % (node.port, old)
+    assert res["msg"].endswith("(nothing was touched; %s)" % state), res["msg"]
+    assert res["torn_down"] is False and res["touched"] is False and res["reason"] == "nothing_touched"
+    assert res["signalled"] == [] and alive(old) and node.used(0) >= 1000
+    assert res["node_state"] == state
+    assert res["node"] == {"port": node.port, "listener": None, "health": None,
+                           "gpu_users": [{"pid": old, "name": "old-server", "gpus": [0], "owner": "old server"}]}
     entry = node.journal()
     assert entry["run_id"] == "R1" and entry["step"] == journal_mod.FAILED
-    assert entry["detail"].startswith("before the teardown: the candidate config cannot be launched (nothing was touched)")
+    assert entry["detail"].startswith("before the teardown: the candidate config cannot be launched: python: ")
+    assert entry["detail"].endswith("; nothing was touched")
     assert not (node.config_dir / "candidate" / "server.json").exists()
     assert "Rollback failed" not in res["msg"] and "rollback" not in res
 
@@ -198,13 +204,64 @@ def test_teardown_failure_is_not_a_rollback_and_says_so(node, monkeypatch):
     assert [s["pid"] for s in res["signalled"]] == [old]
     assert re.match(r"GPU 0: \d+ MiB held by PID %d \(old-server" % old, res["msg"]), res["msg"]
     assert not alive(old)
-    assert res["node_state"] == "no server (the old one was stopped; the target GPUs are not free, see the error)"
-    assert res["failed_step"] == "teardown"
+    # What the node shows, not what the run meant: nothing listens, the dead holder's memory stays counted.
+    assert res["node_state"] == "no server: nothing listens on port %d; no process has GPU 0 open" % node.port
+    assert res["failed_step"] == "teardown" and res["reason"] == "teardown_failed" and res["touched"] is True
     assert "launch" not in res and "rollback" not in res                 # nothing was started, no rollback tried
     entry = node.journal()
     assert entry["step"] == journal_mod.FAILED and entry["detail"].startswith("teardown failed: ")
     assert [h["step"] for h in entry["history"]] == ["teardown", "failed"]
     assert not (node.config_dir / "candidate" / "server.json").exists()
+
+
+def test_a_drain_that_fails_before_its_first_signal_touched_nothing_and_rolls_nothing_back(node, monkeypatch):
+    """Issue 28 part 2: the teardown's drain refuses (a holder of the GPUs outside expected_pids) before it signals
+    anything. Nothing changed, so there is no rollback even with rollback=true and a known-good record, the healthy old
+    server is not signalled, and the node state is read from the node: the old server listens and answers."""
+    good_pid = deployed(node, monkeypatch)
+    intruder = node.hold([0], 500, "--name", "other-team")
+    res = replace(node, monkeypatch, run_id="R2", pids=[good_pid], rollback=True,
+                  teardown=node.teardown(pids=[good_pid], on_unexpected="fail"),
+                  launch=node.launch(args={"mem_fraction_static": 0.8}))
+    assert res["failed"] is True and "1 GPU holder(s) outside expected_pids" in res["msg"], res["msg"]
+    assert res["touched"] is False and res["torn_down"] is False
+    assert res["failed_step"] == "teardown" and res["reason"] == "nothing_touched"
+    assert res["signalled"] == [] and "rollback" not in res and "rollback_launch" not in res
+    assert alive(good_pid) and alive(intruder) and node.running_pid() == good_pid
+    assert res["node_state"].startswith("the old server still serves: PID %d listens on port %d and /health answers 200; "
+                                        "GPU 0 open by " % (good_pid, node.port)), res["node_state"]
+    assert "PID %d" % intruder in res["node_state"]
+    assert res["node"]["listener"] == {"pid": good_pid, "name": res["node"]["listener"]["name"], "owner": "old server"}
+    assert res["msg"].endswith("(nothing was touched; %s)" % res["node_state"])
+    entry = node.journal()
+    assert entry["run_id"] == "R2" and entry["step"] == journal_mod.FAILED
+    assert [h["step"] for h in entry["history"] if h["run_id"] == "R2"] == ["teardown", "failed"]
+    assert entry["detail"].startswith("teardown failed before it changed anything: ")
+    assert any(line.startswith("node: the old server still serves") for line in res["lines"])
+
+
+def test_the_in_place_rollback_never_signals_a_holder_this_run_did_not_start_or_stop(node, monkeypatch):
+    """The candidate crashes; before the rollback another process came onto the GPU. Stopping the failed candidate
+    stops the candidate only (the old code drained every holder with on_unexpected=signal): the drain refuses the
+    stranger, the rollback fails and says so, and the stranger lives."""
+    good_pid = deployed(node, monkeypatch)
+    strangers = []
+    real_launch = engine.Replace.launch
+
+    def launch(self, params, label):
+        if label == "candidate" and not strangers:
+            strangers.append(node.hold([0], 500, "--name", "other-team"))
+        return real_launch(self, params, label)
+
+    monkeypatch.setattr(engine.Replace, "launch", launch)
+    res = replace(node, monkeypatch, run_id="R2", pids=[good_pid], rollback=True,
+                  launch=node.launch(args={"mem_fraction_static": 0.8}, env=node.server_env(SGLANG_SIM_CRASH_ON_LOAD="1")))
+    assert alive(strangers[0]), "the rollback killed a process this run neither started nor stopped"
+    assert res["failed"] is True and res["touched"] is True and res["reason"] == "stop_failed", res.get("reason")
+    assert not alive(good_pid)
+    assert res["rollback"]["status"] == "failed" and "outside expected_pids" in res["rollback"]["detail"]
+    assert str(strangers[0]) in res["rollback"]["detail"]
+    assert res["node_state"].startswith("no server: nothing listens on port %d" % node.port), res["node_state"]
 
 
 def test_failed_candidate_with_rollback_relaunches_the_known_good_record(node, monkeypatch):
@@ -246,7 +303,8 @@ def test_failed_candidate_without_known_good_reports_rollback_unavailable(node, 
     assert res["rollback"]["status"] == "unavailable"
     assert res["rollback"]["detail"] == ("no known-good config under %s (this node was never deployed successfully by this "
                                          "collection)" % (node.config_dir / "known-good"))
-    assert res["node_state"] == "no server" and node.running_pid() is None
+    assert res["node_state"] == "no server: nothing listens on port %d; no process has GPU 0 open" % node.port
+    assert node.running_pid() is None and res["reason"] == "launch_failed"
     assert node.used(0) <= 16                                              # the failed candidate holds nothing
     entry = node.journal()
     assert entry["step"] == journal_mod.FAILED and "/health_generate answered 2xx" in entry["detail"]
@@ -258,7 +316,8 @@ def test_failed_candidate_without_rollback_is_stopped_and_journalled(node, monke
     res = replace(node, monkeypatch, pids=[old], rollback=False,
                   launch=node.launch(health_timeout=1.5, env=node.server_env(SGLANG_SIM_STARTUP_S="120")))
     assert res["failed"] is True and "did not become healthy within 1.5 s" in res["msg"]
-    assert "rollback" not in res and res["node_state"] == "no server" and res["failed_step"] == "launch"
+    assert "rollback" not in res and res["failed_step"] == "launch" and res["reason"] == "launch_failed"
+    assert res["node_state"] == "no server: nothing listens on port %d; no process has GPU 0 open" % node.port
     assert node.running_pid() is None and node.used(0) <= 16
     assert node.journal()["step"] == journal_mod.FAILED
 
@@ -412,7 +471,8 @@ def test_a_runtime_lora_adapter_that_does_not_load_fails_the_candidate(node, mon
                   lora_adapters=[{"name": "ad-b", "path": broken}])
     assert res["failed"] is True and res["torn_down"] is True
     assert res["msg"].startswith("loading the LoRA adapter ad-b (%s) again failed: HTTP 400 " % broken)
-    assert res["node_state"] == "no server" and node.running_pid() is None and node.used(0) <= 16
+    assert res["node_state"] == "no server: nothing listens on port %d; no process has GPU 0 open" % node.port
+    assert node.running_pid() is None and node.used(0) <= 16
     assert node.journal()["step"] == journal_mod.FAILED
 
 
