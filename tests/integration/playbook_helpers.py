@@ -551,6 +551,15 @@ class SimNode(object):
             self.procs.track(keeper["pid"] if isinstance(keeper, dict) else keeper)
         return info
 
+    def monitor(self, gpus="all", name="gpu-monitor", uvm=True):
+        """``gpusim monitor``: a monitoring agent (NVML exporter, nvtop, gpustat --watch) with the device files of
+        ``gpus`` open, polling, holding no memory, never a compute process; returns its PID (tracked)."""
+        args = ["monitor", "--gpus", gpus if isinstance(gpus, str) else ",".join(str(g) for g in gpus), "--name", name,
+                "--json"] + ([] if uvm else ["--no-uvm"])
+        pid = json.loads(self.gpusim(*args).stdout)["pid"]
+        self.procs.track(pid)
+        return pid
+
     # -- processes the test starts itself -----------------------------------
     def start_decoy(self, seconds=3600):
         """An unrelated Python process, the kind ``pkill -9 -f python3`` killed in the incident."""

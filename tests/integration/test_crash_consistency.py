@@ -465,6 +465,46 @@ def test_a_foreign_server_on_the_target_gpus_fails_the_preflight_unless_allowed(
     wait_for(lambda: not alive(proc.pid), 30, what="the foreign server to be stopped")
 
 
+def test_monitoring_agents_watch_and_never_block_while_a_real_foreign_user_is_refused(node):
+    """Issue 28 part 1. Two monitoring agents keep every GPU's device files open and poll (one with /dev/nvidia-uvm,
+    one a pure NVML client); another team's process really uses target GPU 1. In the same run the user is refused,
+    the agents are watchers (the old preflight refused them too and offered to stop them). With
+    sglang_teardown_foreign the user is stopped and the redeploy goes through: the agents are never signalled, and the
+    drain and the GPU gates do not wait for them."""
+    agents = [node.monitor(name="nv-exporter"), node.monitor(name="gpustat", uvm=False)]
+    starts = dict((pid, playbook_helpers.starttime(pid)) for pid in agents)
+    user = node.hold([1], 4000, name="other-team")["pid"]
+    hv = node.host_vars()
+    hv["sglang_server_args"] = dict(hv["sglang_server_args"], schedule_policy="lpm")
+    run = node.run(host_vars=hv)
+    row = run.row()
+    assert run.rc != 0 and row["step"] == "preflight", row
+    assert "held by 1 process(es) that are not this server's: PID %d " % user in row["error"], row["error"]
+    assert all("PID %d " % pid not in row["error"] for pid in agents), row["error"]
+    classes = dict((h["pid"], h["class"]) for h in row["holders"])
+    assert classes[user] == "foreign" and [classes[pid] for pid in agents] == ["watcher", "watcher"], row["holders"]
+    assert node.server_pid() == node.good_pid and node.health() == 200, "the running server must be untouched"
+    assert node.lease_holder() is None
+
+    allowed = node.run(host_vars=dict(hv, sglang_teardown_foreign=True))
+    row = allowed.row()
+    assert row["status"] == "deployed", allowed.summary()
+    wait_for(lambda: not alive(user), 30, what="the foreign user to be stopped")
+    signalled = [s["pid"] for s in row["signalled"]]
+    assert user in signalled and not set(agents) & set(signalled), row["signalled"]
+    assert [h["class"] for h in row["holders"] if h["pid"] in agents] == ["watcher", "watcher"], row["holders"]
+    lines = allowed.task_result("Show the plan")["msg"]
+    assert any(line.startswith("GPU holder PID %d (watcher, " % agents[0]) for line in lines), lines
+    for pid in agents:
+        assert alive(pid, starts[pid]), "monitoring agent %d was signalled" % pid
+    assert node.health() == 200
+
+    # And with only the agents on the GPUs, a plain redeploy neither refuses nor waits for them.
+    back = node.run()
+    assert back.row()["status"] == "deployed", back.summary()
+    assert all(alive(pid, starts[pid]) for pid in agents)
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
