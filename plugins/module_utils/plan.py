@@ -260,6 +260,44 @@ class Preflight(object):
         return {"current": cur, "running": running, "port_owner": port_owner, "holders": holders, "teardown_pids": teardown,
                 "expected_pids": expected, "ports": ports, "lora_adapters": adapters}
 
+    def check_arg_secrets(self, args):
+        """Every secret in ``sglang_server_args`` (a secret-named field, a password or token inside a URL) is registered
+        as a no_log value at once, so no output shows it, also one refused here. Refused, naming the field and the fix:
+        the API key (sglang_server_api_key), the admin key, hf_token (not an SGLang flag: the environment's HF_TOKEN)
+        and credentials in a URL (they would be on the command line and in records). Returns the names of the secret
+        fields that are passed on (for example ssl_keyfile_password): sglang_replace gets their values apart, as a
+        no_log option, and puts them into the 0600 --config file."""
+        passed = []
+        for key in sorted(args, key=str):
+            value = args[key]
+            name = launch_mod.norm_key(key)
+            strings = [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v not in (None, "")]
+            named = secret_rules.is_secret_name(name)
+            carrying = [text for text in strings if named or secret_rules.mask_text(text) != text]
+            for text in carrying:
+                self.secrets.append(text)
+                self.module.no_log_values.add(text)
+            if not carrying:
+                continue
+            if name == "api_key":
+                self.problem("sglang_server_args.api_key: put the key in sglang_server_api_key instead (a no_log variable "
+                             "that goes into the 0600 --config file); args are shown in plans and reports")
+            elif name == "admin_api_key":
+                self.problem("sglang_server_args.admin_api_key: this collection runs the server with sglang_server_api_key "
+                             "only (args are shown in plans and reports, and its own calls carry that key); remove "
+                             "admin_api_key")
+            elif name == "hf_token":
+                self.problem("sglang_server_args.hf_token: SGLang takes no such flag; it reads the Hugging Face token from "
+                             "the environment: set HF_TOKEN in sglang_server_env (a secret-named variable goes to a 0600 file, "
+                             "never into records) and remove hf_token from the args")
+            elif not named:
+                self.problem("sglang_server_args.%s: holds a URL with credentials (user:password@ or a token parameter), "
+                             "which would be on the server's command line (ps) and in its records; use a URL without them "
+                             "and give the credentials through the environment (sglang_server_env) or a file" % key)
+            else:
+                passed.append(str(key))
+        return passed
+
     def running_record(self, fingerprint):
         """The launch record (candidate or known-good) of the config with ``fingerprint``, or None."""
         for directory in (launch_mod.candidate_dir(self.p["config_dir"]), launch_mod.known_good_dir(self.p["config_dir"])):
@@ -427,10 +465,7 @@ class Preflight(object):
             self.problem("sglang_server_args.delete_ckpt_after_loading: SGLang deletes the checkpoint under %s after warmup, so "
                          "a later rollback could not load the known-good config from it; drop delete_ckpt_after_loading, or set "
                          "sglang_server_rollback: false to accept redeploys without rollback" % args.get("model_path"))
-        for key in ("api_key", "admin_api_key"):
-            if (p["args"] or {}).get(key):
-                self.problem("sglang_server_args.%s: put the key in sglang_server_%s instead (a no_log variable that goes "
-                             "into the 0600 --config file); args are shown in plans and reports" % (key, key))
+        self.secret_arg_names = self.check_arg_secrets(p["args"] or {})
         launcher = launch_mod.Launcher(self.module, self.launch_params(args, manager), check_mode=True)
         for blocker in launcher.plan():
             self.problem(blocker)
@@ -491,6 +526,9 @@ class Preflight(object):
             "rollback_ready": kg.get("ready", False), "known_good": kg,
             "journal": {"entry": dict((k, v) for k, v in entry.items() if k != "history"), "summary": journal_mod.describe(entry)},
             "unit": launcher.unit,
+            # Secret fields of the args that are passed on (their values never leave the node's inventory: the
+            # deploy hands them to sglang_replace as a no_log option).
+            "private_args": list(getattr(self, "secret_arg_names", []) or []),
         }
         result = {
             "changed": bool(lease_info.get("acquired")) and decision["action"] != redeploy.NONE,

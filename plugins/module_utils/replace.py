@@ -133,6 +133,15 @@ class Replace(object):
         base = dict(self.p["launch"] or {})
         base["api_key"] = self.p["api_key"]
         if target == "candidate":
+            # The launch's args come from the preflight's plan, where secret values are masked; the secret fields
+            # come apart, unmasked, in the no_log option secret_args.
+            secret_args = dict((launch_mod.norm_key(k), v) for k, v in (self.p.get("secret_args") or {}).items())
+            if secret_args:
+                for field in ("args", "expect"):      # the prediction the effective-config check compares with, too
+                    if isinstance(base.get(field), dict):
+                        values = dict((launch_mod.norm_key(k), v) for k, v in base[field].items())
+                        values.update((k, v) for k, v in secret_args.items() if field == "args" or k in values)
+                        base[field] = values
             return base
         record, stored = launch_mod.load_record(launch_mod.known_good_dir(self.config_dir))
         if record is None:

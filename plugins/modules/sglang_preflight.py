@@ -20,8 +20,14 @@ description:
   - Every holder of the target GPUs is classified as C(managed) (the managed server, by its PID file,
     unit, session or recorded session), C(adopted) (the unrecorded server on the managed port, or one
     named by O(adopt_pids) or O(adopt_patterns)), C(orphan) (a leftover whose session leader is gone),
-    C(system) (a GPU daemon) or C(foreign). A foreign holder fails the preflight, naming its PID, user,
-    command line (secrets masked) and ports, unless O(allow_foreign=true).
+    C(system) (a GPU daemon), C(watcher) (a monitoring agent: it only has the device files open, nvidia-smi lists
+    no compute context of it on the target GPUs and their memory is accounted for by listed processes; never
+    signalled, never blocking, see docs/reference/gpu-watchers.md) or C(foreign). A foreign holder fails the
+    preflight, naming its PID, user, command line (secrets masked) and ports, unless O(allow_foreign=true).
+  - Secrets in O(args) (a secret-named field, a password or token in a URL) are masked in every output from the
+    start. Refused, naming the field and the fix: C(api_key) (use O(api_key)), C(admin_api_key), C(hf_token) (the
+    environment's C(HF_TOKEN)) and credentials in a URL. Other secret fields (C(ssl_keyfile_password)) are passed
+    on: RV(plan.private_args) names them for M(gpufleet.sglang.sglang_replace).
   - Checks, without changing them, that the config, state and log directories are writable and have
     room (a small probe file, removed at once).
   - Resolves the server args as the node's SGLang will (O(resolution)), then decides the plan's action
@@ -240,8 +246,8 @@ RETURN = r"""
 plan:
   description:
     - The plan. Also C(target_gpus), C(manager), C(url), C(argv) (masked), C(fingerprint), C(differences) (field by
-      field), C(running), C(holders), C(teardown_pids), C(expected_pids), C(rollback_ready), C(known_good), C(weights)
-      and C(journal).
+      field), C(running), C(holders), C(teardown_pids), C(expected_pids), C(rollback_ready), C(known_good), C(weights),
+      C(journal) and C(private_args) (the names of the secret fields of the args that are passed on, values never).
   returned: always
   type: dict
   contains:

@@ -62,6 +62,13 @@ options:
   api_key:
     description: The server's API key (never on the command line; it goes into the 0600 C(--config) file).
     type: str
+  secret_args:
+    description:
+      - Secret fields of the candidate's args (for example C(ssl_keyfile_password)), by name, with their values; they
+        replace the masked values of O(launch) C(args) (a plan shows secrets masked) and go into the 0600 C(--config)
+        file, never onto a command line or into a record. The preflight names them (C(plan.private_args)).
+    type: dict
+    default: {}
   teardown:
     description:
       - The drain, by the keys of M(gpufleet.sglang.gpu_drain) (C(gpus), C(pids), C(match), C(exclude),
@@ -239,6 +246,7 @@ def main():
             target=dict(type="str", default="candidate", choices=list(engine.TARGETS)),
             launch=dict(type="dict", required=True),
             api_key=dict(type="str", no_log=True),
+            secret_args=dict(type="dict", default={}, no_log=True),
             teardown=dict(type="dict", default={}),
             verify=dict(type="dict", default={}),
             directories=dict(type="dict", default={}),

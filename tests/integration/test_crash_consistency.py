@@ -530,6 +530,52 @@ def test_a_secret_environment_value_is_in_no_record_and_the_log_is_private(node)
     assert token in open("/proc/%d/environ" % node.server_pid(), "rb").read().decode("utf-8", "replace")
 
 
+def test_no_secret_is_printed_at_vvv_on_the_happy_the_refused_and_the_rollback_path(node):
+    """Issue 28 part 3: every secret form, grepped in everything three ``-vvv`` runs produced (events, stdout, artifacts):
+    the API key, the HF token, the admin key, URL credentials, a key password. The happy path deploys with the API key
+    variable, HF_TOKEN in the environment and ssl_keyfile_password in the args (which reaches the server unmasked, in
+    its 0600 config file); the refused path puts the key, the admin key, hf_token and a URL with a password into the
+    args (each refused, by name, before anything is touched); the rollback path crashes a candidate of the happy config
+    and relaunches the known-good one with its secrets. The old code printed the merged args at -v."""
+    tag = os.urandom(5).hex()
+    marks = {"api key": "sk-vvvapi-" + tag, "hf token": "hf_vvvtok" + tag, "admin key": "sk-vvvadmin-" + tag,
+             "url password": "urlpw" + tag, "key password": "keypw" + tag}
+    env = dict(node.host_vars()["sglang_server_env"], HF_TOKEN=marks["hf token"])
+    happy_hv = node.host_vars(sglang_server_api_key=marks["api key"], sglang_server_env=env)
+    happy_hv["sglang_server_args"] = dict(happy_hv["sglang_server_args"], ssl_keyfile_password=marks["key password"])
+    happy = node.run(host_vars=happy_hv, verbosity=3)
+    assert happy.row()["status"] == "deployed", happy.summary()
+    config = node.etc / "known-good" / "config.yaml"
+    assert marks["key password"] in config.read_text() and config.stat().st_mode & 0o077 == 0
+    assert http_get(node.url + "/server_info", api_key=marks["api key"])[0] == 200
+    good = node.server_pid()
+
+    refused_hv = dict(happy_hv, sglang_server_args=dict(
+        happy_hv["sglang_server_args"], api_key=marks["api key"], admin_api_key=marks["admin key"],
+        hf_token=marks["hf token"], encoder_urls=["http://enc:%s@127.0.0.1:9/" % marks["url password"]]))
+    refused = node.run(host_vars=refused_hv, verbosity=3)
+    row = refused.row()
+    assert refused.rc != 0 and row["step"] == "preflight", row
+    for field, fix in (("api_key", "sglang_server_api_key"), ("admin_api_key", "remove admin_api_key"),
+                       ("hf_token", "HF_TOKEN in sglang_server_env"), ("encoder_urls", "a URL with credentials")):
+        assert "sglang_server_args.%s: " % field in row["error"] and fix in row["error"], (field, row["error"])
+    assert node.server_pid() == good and node.health() == 200, "nothing may be touched"
+
+    crash_env = dict(env, SGLANG_SIM_CRASH_ON_LOAD="1")
+    crash_hv = dict(happy_hv, sglang_server_env=crash_env)
+    rolled = node.run(host_vars=crash_hv, verbosity=3)
+    assert rolled.row()["status"] == "rolled_back", rolled.summary()
+    assert http_get(node.url + "/server_info", api_key=marks["api key"])[0] == 200, "the known-good key must work again"
+
+    for run in (happy, refused, rolled):
+        text = run.everything()
+        assert "ESTABLISH LOCAL CONNECTION" in text, "not a -vvv run"        # positive control: verbosity 3 printed
+        assert marks["key password"] in (run.artifacts.parent / "inventory.json").read_text()
+        leaked = [name for name, value in marks.items() if value in text]
+        assert not leaked, "%s printed by %s" % (leaked, run.artifacts)
+        assert not [name for name, value in marks.items() if value in json.dumps(run.report)]
+
+
 # --------------------------------------------------------------------------
 # 7. Idempotent after a rollback
 # --------------------------------------------------------------------------
