@@ -210,7 +210,8 @@ def diagnose(gpu, problems, params, waited, device_users=None):
         entry['summary'] = '%s: %d MiB held by no listed process %s; %s keep its device file open' % (
             label, used, after, users)
         entry['hint'] = ('unlisted processes with the device open (for example forked workers that inherited it) '
-                         'keep the memory; stop them, then check again')
+                         'keep the memory; stop them, then check again (a monitoring agent keeps the device open too, '
+                         'without memory: docs/reference/gpu-watchers.md)')
         entry['device_users'] = sorted(device_users)
         return entry
     entry['kind'] = 'orphaned'

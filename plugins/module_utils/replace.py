@@ -103,6 +103,7 @@ class Replace(object):
                        "torn_down": launch_phase, "touched": launch_phase,
                        "signalled": [], "steps": [], "timings": {}, "node_state": "unchanged"}
         self.candidate_pid = None
+        self.started = []         # (label, PID) of every server this run started: candidate, known-good
         self.verify_launcher = None
         self.part = "launch"      # the report's name of the part running now: teardown, launch, verify allocated
 
@@ -250,6 +251,7 @@ class Replace(object):
         t0 = time.monotonic()
         pid, start, offset, is_child = launcher.start(port_grace=10.0 if self.result["torn_down"] else 0.0)
         self.candidate_pid = pid
+        self.started.append((label, pid))
         launcher.result["pid"] = pid
         self.touch()
         self.mark(journal_mod.LAUNCHING if label == "candidate" else journal_mod.ROLLING_BACK,
@@ -593,10 +595,10 @@ class Replace(object):
         except (TypeError, ValueError):
             port = None
         planned = [x for x in td.get("pids") or [] if isinstance(x, int)]
-        if self.p["target"] == "candidate":
-            groups = [("old server", planned), ("candidate", [self.candidate_pid] if self.candidate_pid else [])]
-        else:
-            groups = [("failed candidate", planned), ("known-good server", [self.candidate_pid] if self.candidate_pid else [])]
+        groups = [("old server" if self.p["target"] == "candidate" else "failed candidate", planned)]
+        groups += [("candidate" if label == "candidate" else "known-good server", [pid]) for label, pid in self.started]
+        if self.p["phase"] == "verify" and self.candidate_pid:
+            groups.append(("candidate", [self.candidate_pid]))
         try:
             text, facts = node_state.observe(port, args.get("host"), td.get("gpus") or [],
                                              node_state.patterns_for(td.get("device_paths")), groups)
