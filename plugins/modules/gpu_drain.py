@@ -49,12 +49,12 @@ description:
     with secrets masked, listening ports); with O(on_unexpected=signal) it is stopped too and a warning names it."
   - Any targeted process still running after O(kill_timeout) (for example in state C(D), stuck in the driver)
     makes the task fail with its PID, state and GPUs.
-  - This module has nothing to do with the C(nvidia-smi drain) subcommand, which sets a PCIe drain state so
+  - This module has nothing to do with the C(nvidia-smi teardown) subcommand, which sets a PCIe drain state so
     that a GPU accepts no new clients and never stops a process.
 options:
   gpus:
     description:
-      - GPUs to drain, each an index (V(3)), a UUID (V(GPU-...)) or a PCI bus id (V(00000000:18:00.0)).
+      - GPUs to teardown, each an index (V(3)), a UUID (V(GPU-...)) or a PCI bus id (V(00000000:18:00.0)).
       - An empty list means every GPU of the node.
     type: list
     elements: raw
@@ -136,7 +136,7 @@ options:
     choices: [SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2, SIGKILL]
   reset_orphaned:
     description:
-      - After the drain, reset each target GPU that still holds more than O(max_used_mib) with no process listed
+      - After the teardown, reset each target GPU that still holds more than O(max_used_mib) with no process listed
         (orphaned memory), with C(nvidia-smi --gpu-reset -i N), after waiting up to O(release_timeout) for memory
         of stopped processes to come back.
       - A GPU is reset only when the preconditions of C(nvidia-smi --gpu-reset) hold. The module runs as root; no
@@ -206,7 +206,7 @@ notes:
   - Run it in the host PID namespace (on the host, or a container with C(--pid=host)); NVML always reports host PIDs.
   - Secrets are masked in every returned command line (C(--api-key), C(--hf-token), C(--admin-api-key), any
     secret-named flag, C(HF_TOKEN=...) words, tokens in URLs), by the collection's one set of rules.
-  - The logic lives in C(module_utils/drain.py) (C(run_drain)), which other modules run in-process.
+  - The logic lives in C(module_utils/gpu/teardown.py) (C(run_drain)), which other modules run in-process.
   - Check the GPUs afterwards with M(gpufleet.sglang.gpu_memory_assert); memory comes back some time after a
     killed process exits.
 seealso:
@@ -358,7 +358,7 @@ unexpected:
       root: 5120
       ports: [31000]
 holders:
-  description: The compute processes on the target GPUs before the drain, one entry per PID.
+  description: The compute processes on the target GPUs before the teardown, one entry per PID.
   returned: always
   type: list
   elements: dict
@@ -403,25 +403,25 @@ import copy
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 
 
 def main():
-    module = AnsibleModule(argument_spec=copy.deepcopy(drain.ARGUMENT_SPEC), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=copy.deepcopy(teardown.ARGUMENT_SPEC), supports_check_mode=True)
     try:
-        result = drain.run_drain(module.params, gpu_target.module_run(module), check_mode=module.check_mode,
+        result = teardown.run_drain(module.params, gpu_target.module_run(module), check_mode=module.check_mode,
                                  warn=module.warn, which=module.get_bin_path)
-    except drain.DrainError as exc:
+    except teardown.DrainError as exc:
         result = dict(exc.result)
         if result.pop('missing_lib', None):
             module.fail_json(msg=missing_required_lib('nvidia-ml-py (pynvml)'),
                              exception=str(gpu_query.PYNVML_IMPORT_ERROR), **result)
         module.fail_json(msg=exc.msg, **result)
     if module._diff:
-        result['diff'] = {'before': drain.holder_lines(result['holders']),
-                          'after': drain.holder_lines(result['remaining'])}
+        result['diff'] = {'before': teardown.holder_lines(result['holders']),
+                          'after': teardown.holder_lines(result['remaining'])}
     module.exit_json(**result)
 
 

@@ -137,7 +137,7 @@ attributes:
 notes:
   - Memory comes back some time after a killed process exits (seconds, sometimes tens of seconds), so give
     O(timeout) room after M(gpufleet.sglang.gpu_drain).
-  - The logic lives in C(module_utils/gpu_verify.py) (C(run_assert)), which other modules run in-process.
+  - The logic lives in C(module_utils/gpu/verify.py) (C(run_assert)), which other modules run in-process.
   - Run it in the host PID namespace to get useful process details in the diagnosis.
 seealso:
   - module: gpufleet.sglang.gpu_drain
@@ -288,9 +288,9 @@ import copy
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
 
 
 def main():

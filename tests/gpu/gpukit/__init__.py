@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(KIT_DIR))      # repository root
 CAPTURES_DIR = os.path.join(KIT_DIR, "captures")
 SIM_BIN = os.path.join(REPO, "simulator", "bin")
 SIM_PY = os.path.join(REPO, "simulator", "python")
-GPU_QUERY_PATH = os.path.join(REPO, "plugins", "module_utils", "gpu_query.py")
+GPU_QUERY_PATH = os.path.join(REPO, "plugins", "module_utils", "gpu", "query.py")
 COLLECTIONS = os.path.join(REPO, ".collections")
 
 if KIT_DIR not in sys.path:
@@ -35,7 +35,7 @@ _GPU_QUERY = None
 
 
 def gpu_query():
-    """The collection's ``module_utils/gpu_query.py`` (stdlib only), loaded by path.
+    """The collection's ``module_utils/gpu/query.py`` (stdlib only), loaded by path.
 
     Loading by path keeps the kit independent of Ansible's collection loader;
     the module is the same file the modules run.

@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query as gq
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gq
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 KIT_DIR = os.path.join(REPO, "tests", "gpu")

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query as gq
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gq
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 CAPTURES = os.path.join(REPO, "tests", "captures", "nvidia-smi")

@@ -1,4 +1,4 @@
-"""Parser and backend tests for module_utils/gpu_query.py.
+"""Parser and backend tests for module_utils/gpu/query.py.
 
 Outputs are the literal formats of nvidia-smi 535 quoted in
 docs/reference/nvidia-smi.md (section numbers in the test names' docstrings).
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query as gq
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gq
 
 UUID0 = "GPU-107f0d10-1b2c-3d4e-5f60-718293a4b5c6"
 UUID1 = "GPU-a4462c8e-9f1a-2b3c-4d5e-6f708192a3b4"

@@ -1,4 +1,4 @@
-"""Tests for module_utils/procfs.py on synthetic /proc trees and on the live /proc.
+"""Tests for module_utils/node/procfs.py on synthetic /proc trees and on the live /proc.
 
 The only processes started here are short-lived children of the test process
 itself (forked for signal and zombie checks); each is killed and reaped by PID.
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import stop
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import stop
 
 
 # ---------------------------------------------------------------------------

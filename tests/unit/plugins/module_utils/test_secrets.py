@@ -1,4 +1,4 @@
-"""The collection's one set of secret rules (plugins/module_utils/secrets.py).
+"""The collection's one set of secret rules (plugins/module_utils/common/secrets.py).
 
 Each secret form is fed through every public entry point (argv, text, env,
 redact), through the helpers other files delegate to (procfs.mask_secrets,
@@ -12,9 +12,9 @@ import json
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.filter.sglang_mask import mask as filter_mask
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as s
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as s
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 
 M = s.MASK
 KEY = "sk-live-4f9a0c"

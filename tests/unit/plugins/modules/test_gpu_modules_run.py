@@ -18,10 +18,10 @@ import pytest
 
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 from ansible_collections.gpufleet.sglang.plugins.modules import gpu_drain
 from ansible_collections.gpufleet.sglang.plugins.modules import gpu_memory_assert as gma
 
@@ -227,17 +227,17 @@ def test_unit_info_uses_systemctl_only_when_systemd_runs(monkeypatch):
         calls.append((argv, timeout))
         return 0, "MainPID=2000\nControlGroup=/system.slice/sglang-main.service\n", ""
 
-    engine = drain._Drain(drain.defaults(), runner, False, None, which=lambda name: "/bin/systemctl")
+    engine = teardown._Drain(teardown.defaults(), runner, False, None, which=lambda name: "/bin/systemctl")
     t = {5: procfs.ProcInfo(5, unit="sglang-main.service", unit_manager="system"),
          6: procfs.ProcInfo(6, unit="app.service", unit_manager="user"),
          7: procfs.ProcInfo(7)}
-    monkeypatch.setattr(drain.systemd, "running", lambda: False)
+    monkeypatch.setattr(teardown.systemd, "running", lambda: False)
     assert engine.unit_info(t, [5, 6, 7]) == ({}, {})
-    monkeypatch.setattr(drain.systemd, "running", lambda: True)
+    monkeypatch.setattr(teardown.systemd, "running", lambda: True)
     assert engine.unit_info(t, [5, 6, 7, 99]) == ({"sglang-main.service": 2000},
                                                   {"sglang-main.service": "/system.slice/sglang-main.service"})
     assert calls == [(["/bin/systemctl", "show", "--property=MainPID,ControlGroup", "--", "sglang-main.service"],
-                      drain.SYSTEMCTL_TIMEOUT_S)]
+                      teardown.SYSTEMCTL_TIMEOUT_S)]
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Unit tests for sglang_router_worker (logic in module_utils/router.py): the
+"""Unit tests for sglang_router_worker (logic in module_utils/router/workers.py): the
 pure helpers (URL normalisation, worker lists, API detection, the last-worker
 check, load parsing from /v1/loads, /metrics and /get_load) and the module
 flow in-process against small fake routers and a fake server, served from
@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import router as r
+from ansible_collections.gpufleet.sglang.plugins.module_utils.router import workers as r
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_router_worker as module
 
 ROUTER_KEY = "rk-unit-51d0"

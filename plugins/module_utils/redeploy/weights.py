@@ -50,7 +50,7 @@ import json
 import os
 import time
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import versions
 
 WEIGHTS = "weights"

@@ -28,9 +28,9 @@ import os
 import signal
 import tempfile
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secrets_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import stop
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secrets_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import stop
 
 MASK = secrets_mod.MASK
 

@@ -1,23 +1,23 @@
-"""Range and type checks run before anything is touched (module_utils/validate.py)."""
+"""Range and type checks run before anything is touched (module_utils/redeploy/settings.py)."""
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import validate
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import settings
 
-NUMBER_RULES = sorted(n for n, r in validate.RULES.items() if r[0] == "number")
-INT_RULES = sorted(n for n, r in validate.RULES.items() if r[0] == "int")
-EXCLUSIVE = sorted(n for n, r in validate.RULES.items() if r[2])
-INCLUSIVE = sorted(n for n, r in validate.RULES.items() if not r[2])
+NUMBER_RULES = sorted(n for n, r in settings.RULES.items() if r[0] == "number")
+INT_RULES = sorted(n for n, r in settings.RULES.items() if r[0] == "int")
+EXCLUSIVE = sorted(n for n, r in settings.RULES.items() if r[2])
+INCLUSIVE = sorted(n for n, r in settings.RULES.items() if not r[2])
 
 
 def ok_value(name):
-    kind, minimum, exclusive, dummy = validate.RULES[name]
+    kind, minimum, exclusive, dummy = settings.RULES[name]
     return minimum + 1
 
 
 def one(name, value):
-    problems = validate.check_settings({name: value})
+    problems = settings.check_settings({name: value})
     return problems
 
 
@@ -26,23 +26,23 @@ def assert_one_problem(name, value):
     assert len(problems) == 1, problems
     text = problems[0]
     assert text.startswith(name + ":")                  # names the variable
-    meaning = validate.RULES[name][3]
+    meaning = settings.RULES[name][3]
     assert meaning in text                              # and what it is / the fix
-    kind, minimum, exclusive, dummy = validate.RULES[name]
+    kind, minimum, exclusive, dummy = settings.RULES[name]
     assert ("> %s" % minimum if exclusive else ">= %s" % minimum) in text
     assert ("an integer" if kind == "int" else "a number") in text
     return text
 
 
 def test_the_issue_12_values_are_caught():
-    settings = {"sglang_server_health_timeout": 0, "gpu_verify_timeout": -1, "gpu_teardown_term_timeout": -10,
-                "sglang_smoke_timeout": 0}
-    problems = validate.check_settings(settings)
-    assert [p.split(":")[0] for p in problems] == sorted(settings)
-    assert validate.check_settings({"sglang_server_health_timeout": -5})[0].startswith("sglang_server_health_timeout:")
+    values = {"sglang_server_health_timeout": 0, "gpu_verify_timeout": -1, "gpu_teardown_term_timeout": -10,
+              "sglang_smoke_timeout": 0}
+    problems = settings.check_settings(values)
+    assert [p.split(":")[0] for p in problems] == sorted(values)
+    assert settings.check_settings({"sglang_server_health_timeout": -5})[0].startswith("sglang_server_health_timeout:")
 
 
-@pytest.mark.parametrize("name", sorted(validate.RULES))
+@pytest.mark.parametrize("name", sorted(settings.RULES))
 def test_good_values_pass(name):
     assert one(name, ok_value(name)) == []
     assert one(name, str(ok_value(name))) == []         # extra vars and surveys pass numbers as strings
@@ -50,9 +50,9 @@ def test_good_values_pass(name):
     assert one(name, None) == []                        # not set: the role default applies
 
 
-@pytest.mark.parametrize("name", sorted(validate.RULES))
+@pytest.mark.parametrize("name", sorted(settings.RULES))
 def test_minimum_boundary(name):
-    kind, minimum, exclusive, dummy = validate.RULES[name]
+    kind, minimum, exclusive, dummy = settings.RULES[name]
     if exclusive:
         assert_one_problem(name, minimum)
         assert_one_problem(name, str(minimum))
@@ -65,14 +65,14 @@ def test_minimum_boundary(name):
             assert_one_problem(name, minimum - 0.001)
 
 
-@pytest.mark.parametrize("name", sorted(validate.RULES))
+@pytest.mark.parametrize("name", sorted(settings.RULES))
 @pytest.mark.parametrize("value", [-1, -5, -10, "-1", -1e9])
 def test_negatives_fail(name, value):
     text = assert_one_problem(name, value)
     assert str(value) in text
 
 
-@pytest.mark.parametrize("name", sorted(validate.RULES))
+@pytest.mark.parametrize("name", sorted(settings.RULES))
 @pytest.mark.parametrize("value", [True, False, [1], {"a": 1}, "abc", "", "1 0", "ten", object()],
                          ids=["true", "false", "list", "dict", "word", "empty", "two-words", "ten", "object"])
 def test_bad_types_fail(name, value):
@@ -80,7 +80,7 @@ def test_bad_types_fail(name, value):
     assert type(value).__name__ in text
 
 
-@pytest.mark.parametrize("name", sorted(validate.RULES))
+@pytest.mark.parametrize("name", sorted(settings.RULES))
 @pytest.mark.parametrize("value", [float("nan"), "nan", "NaN", "inf", "-inf", "Infinity"])
 def test_nan_and_inf_spellings_fail(name, value):
     assert_one_problem(name, value)
@@ -100,22 +100,22 @@ def test_int_rules_accept_whole_float(name):
 @pytest.mark.parametrize("name", NUMBER_RULES)
 @pytest.mark.parametrize("value", [0.5, "0.5", "2.5e2", 1e6])
 def test_number_rules_accept_fractions_and_exponents(name, value):
-    kind, minimum, exclusive, dummy = validate.RULES[name]
+    kind, minimum, exclusive, dummy = settings.RULES[name]
     number = float(value)
     expected_ok = number > minimum if exclusive else number >= minimum
     assert (one(name, value) == []) is expected_ok
 
 
 def test_unknown_names_are_ignored_and_messages_sorted():
-    settings = {"zzz_unknown": -1, "sglang_smoke_requests": 0, "gpu_verify_sleep": 0, "sglang_lease_ttl": 29}
-    problems = validate.check_settings(settings)
+    values = {"zzz_unknown": -1, "sglang_smoke_requests": 0, "gpu_verify_sleep": 0, "sglang_lease_ttl": 29}
+    problems = settings.check_settings(values)
     assert [p.split(":")[0] for p in problems] == ["gpu_verify_sleep", "sglang_lease_ttl", "sglang_smoke_requests"]
-    assert validate.check_settings({}) == [] and validate.check_settings(None) == []
+    assert settings.check_settings({}) == [] and settings.check_settings(None) == []
 
 
 def test_lease_ttl_minimum_matches_the_lease():
-    from ansible_collections.gpufleet.sglang.plugins.module_utils import lease
-    assert validate.RULES["sglang_lease_ttl"][1] == lease.MIN_TTL
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease
+    assert settings.RULES["sglang_lease_ttl"][1] == lease.MIN_TTL
     assert one("sglang_lease_ttl", lease.MIN_TTL) == []
     assert_one_problem("sglang_lease_ttl", lease.MIN_TTL - 1)
 
@@ -142,41 +142,41 @@ def test_lease_ttl_minimum_matches_the_lease():
     ({"tp_size": 1}, None, 1),
 ])
 def test_gpus_needed(args, nnodes, expected):
-    assert validate.gpus_needed(args, nnodes) == expected
+    assert settings.gpus_needed(args, nnodes) == expected
 
 
 def test_check_gpu_layout_fits():
-    assert validate.check_gpu_layout({"tp_size": 2}, [0, 1]) is None
-    assert validate.check_gpu_layout({"tp_size": 16}, list(range(8)), nnodes=2) is None
-    assert validate.check_gpu_layout({"tp_size": 4, "dp_size": 4, "enable_dp_attention": True}, [0, 1, 2, 3]) is None
+    assert settings.check_gpu_layout({"tp_size": 2}, [0, 1]) is None
+    assert settings.check_gpu_layout({"tp_size": 16}, list(range(8)), nnodes=2) is None
+    assert settings.check_gpu_layout({"tp_size": 4, "dp_size": 4, "enable_dp_attention": True}, [0, 1, 2, 3]) is None
 
 
 def test_check_gpu_layout_explicit_names_cuda_visible_devices():
-    msg = validate.check_gpu_layout({"tp_size": 4}, [0, 1], explicit=True)
+    msg = settings.check_gpu_layout({"tp_size": 4}, [0, 1], explicit=True)
     assert msg.startswith("sglang_server_cuda_visible_devices:")
     assert "tp_size 4" in msg and "needs 4 GPU(s)" in msg and "0,1" in msg and "lists 2" in msg
 
 
 def test_check_gpu_layout_not_explicit_names_server_args():
-    msg = validate.check_gpu_layout({"tp_size": 2, "pp_size": 2}, [0, 1, 2, 3, 4, 5, 6, 7])
+    msg = settings.check_gpu_layout({"tp_size": 2, "pp_size": 2}, [0, 1, 2, 3, 4, 5, 6, 7])
     assert msg.startswith("sglang_server_args:")
     assert "sglang_server_cuda_visible_devices" not in msg
     assert "tp_size 2 x pp_size 2" in msg and "needs 4" in msg and "8 are targeted" in msg
 
 
 def test_check_gpu_layout_names_dp_and_nodes():
-    msg = validate.check_gpu_layout({"tp_size": 2, "dp_size": 2}, [0, 1], explicit=True)
+    msg = settings.check_gpu_layout({"tp_size": 2, "dp_size": 2}, [0, 1], explicit=True)
     assert "dp_size 2" in msg and "needs 4" in msg
-    attn = validate.check_gpu_layout({"tp_size": 4, "dp_size": 4, "enable_dp_attention": True}, [0, 1], explicit=True)
+    attn = settings.check_gpu_layout({"tp_size": 4, "dp_size": 4, "enable_dp_attention": True}, [0, 1], explicit=True)
     assert "needs 4" in attn and "dp_size" not in attn.split("needs")[0]
-    nodes = validate.check_gpu_layout({"tp_size": 16}, [0, 1, 2, 3], nnodes=2, explicit=True)
+    nodes = settings.check_gpu_layout({"tp_size": 16}, [0, 1, 2, 3], nnodes=2, explicit=True)
     assert "over 2 nodes" in nodes and "needs 8" in nodes
 
 
 def test_check_gpu_layout_no_gpus():
-    msg = validate.check_gpu_layout({"tp_size": 2}, [], explicit=True)
+    msg = settings.check_gpu_layout({"tp_size": 2}, [], explicit=True)
     assert "needs 2" in msg and "lists 0" in msg
-    assert validate.check_gpu_layout({"tp_size": 2}, None) is not None
+    assert settings.check_gpu_layout({"tp_size": 2}, None) is not None
 
 
 # ---------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_check_gpu_layout_no_gpus():
 
 @pytest.mark.parametrize("value", ["sk-abc\n", "sk-\nabc", "sk-abc\r", "sk\0abc", "\nabc-sk"])
 def test_check_text_secret_control_characters(value):
-    msg = validate.check_text_secret("sglang_server_api_key", value)
+    msg = settings.check_text_secret("sglang_server_api_key", value)
     assert msg and msg.startswith("sglang_server_api_key:")
     assert "newline" in msg
     assert "abc" not in msg                                       # the secret is not echoed
@@ -193,14 +193,14 @@ def test_check_text_secret_control_characters(value):
 
 @pytest.mark.parametrize("value", [" sk-abc", "sk-abc ", "\tsk-abc"])
 def test_check_text_secret_surrounding_whitespace(value):
-    msg = validate.check_text_secret("sglang_server_api_key", value)
+    msg = settings.check_text_secret("sglang_server_api_key", value)
     assert msg and msg.startswith("sglang_server_api_key:") and "whitespace" in msg
     assert "sk-abc" not in msg
 
 
 @pytest.mark.parametrize("value", [None, "sk-abc", "a b c", 12345, "ключ-ü"])
 def test_check_text_secret_fine(value):
-    assert validate.check_text_secret("sglang_server_api_key", value) is None
+    assert settings.check_text_secret("sglang_server_api_key", value) is None
 
 
 # ===========================================================================
@@ -215,9 +215,9 @@ def test_float_infinity_fails_like_the_string_inf(name):
     assert_one_problem(name, float("inf"))
 
 
-@pytest.mark.parametrize("name", sorted(validate.CHOICES))
+@pytest.mark.parametrize("name", sorted(settings.CHOICES))
 def test_choice_settings_refuse_other_words_and_name_the_choices(name):
-    choices, meaning = validate.CHOICES[name]
+    choices, meaning = settings.CHOICES[name]
     for good in choices:
         assert one(name, good) == []
     assert one(name, None) == []                        # unset
@@ -229,5 +229,5 @@ def test_choice_settings_refuse_other_words_and_name_the_choices(name):
 
 def test_the_smoke_choices_are_the_smoke_modules():
     # The preflight refuses, before anything is touched, what the smoke gate would refuse after the outage.
-    from ansible_collections.gpufleet.sglang.plugins.module_utils import smoke
-    assert tuple(smoke.OPTIONS["accept_length_source"]["choices"]) == validate.CHOICES["sglang_smoke_accept_length_source"][0]
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import smoke
+    assert tuple(smoke.OPTIONS["accept_length_source"]["choices"]) == settings.CHOICES["sglang_smoke_accept_length_source"][0]

@@ -17,9 +17,9 @@ import os
 import re
 import time
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
 
 PROBE_BYTES = 64 * 1024
 MIN_FREE_MIB = 64

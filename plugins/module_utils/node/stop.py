@@ -35,8 +35,8 @@ import select
 import signal
 import time
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 POLL_S = 0.02
 DEFAULT_GRACE_S = 1.0

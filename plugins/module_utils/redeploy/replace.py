@@ -19,18 +19,18 @@ import time
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain as drain_engine
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as launch_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
-from ansible_collections.gpufleet.sglang.plugins.module_utils import http
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
-from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
-from ansible_collections.gpufleet.sglang.plugins.module_utils import weights
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights
 
 PHASES = ("all", "teardown", "launch", "verify", "weights")
 # Fields that an in-place weight update changes while /server_info keeps the launch values (docs/reference/sglang-rules.md).
@@ -150,13 +150,13 @@ class Replace(object):
                     self.result["unit_stopped"] = unit
             except systemd.SystemdError as exc:
                 self.module.warn("stopping %s failed (%s); the drain stops its processes by PID" % (unit, exc))
-        params = _typed(drain_engine.ARGUMENT_SPEC, dict((k, v) for k, v in td.items() if k in drain_engine.ARGUMENT_SPEC),
+        params = _typed(teardown.ARGUMENT_SPEC, dict((k, v) for k, v in td.items() if k in teardown.ARGUMENT_SPEC),
                         "teardown")
         kept = {}
         try:
-            drained = drain_engine.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn,
+            drained = teardown.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn,
                                              keep=kept)
-        except drain_engine.DrainError as exc:
+        except teardown.DrainError as exc:
             self.result["signalled"] = (exc.result or {}).get("signalled", [])
             self.result["drain"] = exc.result
             raise
@@ -406,10 +406,10 @@ class Replace(object):
                 stopped = report.get("signalled", []) + report.get("killed", [])
             except launch_mod.LaunchError as exc:
                 self.module.warn("stopping the failed candidate: %s" % exc.msg)
-        given = dict((k, v) for k, v in td.items() if k in drain_engine.ARGUMENT_SPEC)
+        given = dict((k, v) for k, v in td.items() if k in teardown.ARGUMENT_SPEC)
         given.update(pids=[pid] if pid else [], expected_pids=[], on_unexpected="signal")
-        params = _typed(drain_engine.ARGUMENT_SPEC, given, "teardown")
-        drained = drain_engine.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn)
+        params = _typed(teardown.ARGUMENT_SPEC, given, "teardown")
+        drained = teardown.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn)
         self.result.setdefault("rollback_signalled", []).extend(drained.get("signalled", []) or [{"pid": p} for p in stopped])
         self.verify_gpus("free", td.get("gpus") or [])
 
@@ -469,7 +469,7 @@ class Replace(object):
                                 "from there" % (exc, self.step), self.finish_result())
         except lease_mod.LeaseLost as exc:
             raise ReplaceFailed(str(exc), self.finish_result())
-        except (launch_mod.LaunchError, drain_engine.DrainError, gpu_verify.VerifyError) as exc:
+        except (launch_mod.LaunchError, teardown.DrainError, gpu_verify.VerifyError) as exc:
             return self.failed_or_interrupted(exc, launcher)
         except OSError as exc:
             return self.failed_or_interrupted(launch_mod.LaunchError("%s: %s" % (
@@ -490,7 +490,7 @@ class Replace(object):
     def failed(self, exc, launcher):
         p = self.p
         self.result["failed_step"] = self.part
-        if isinstance(exc, (gpu_verify.VerifyError, drain_engine.DrainError)) and getattr(exc, "result", None):
+        if isinstance(exc, (gpu_verify.VerifyError, teardown.DrainError)) and getattr(exc, "result", None):
             self.result["verify_failure" if isinstance(exc, gpu_verify.VerifyError) else "drain"] = exc.result
         msg = getattr(exc, "msg", str(exc))
         extra = getattr(exc, "extra", None) or {}
@@ -517,7 +517,7 @@ class Replace(object):
             raise ReplaceFailed(msg, self.finish_result())
         try:
             self.stop_failed(failed_launcher)
-        except (drain_engine.DrainError, gpu_verify.VerifyError, launch_mod.LaunchError) as stop_exc:
+        except (teardown.DrainError, gpu_verify.VerifyError, launch_mod.LaunchError) as stop_exc:
             self.record_failure(journal_mod.FAILED, "%s; stopping it failed too: %s" % (msg, getattr(stop_exc, "msg", stop_exc)))
             self.result["node_state"] = "failed candidate may still hold the GPUs"
             self.result["rollback"] = {"status": "failed", "detail": "the failed %s could not be stopped: %s"
@@ -557,7 +557,7 @@ class Replace(object):
             launcher = self.launch(params, "known-good")
             if _flag((self.p["verify"] or {}).get("allocated")):
                 self.verify_gpus("allocated", (self.p["teardown"] or {}).get("gpus") or [])
-        except (launch_mod.LaunchError, gpu_verify.VerifyError, drain_engine.DrainError) as exc:
+        except (launch_mod.LaunchError, gpu_verify.VerifyError, teardown.DrainError) as exc:
             detail = "the last known-good config did not come back healthy: %s" % getattr(exc, "msg", exc)
             self.record_failure(journal_mod.FAILED, "candidate failed, rollback failed: %s" % detail[:300])
             self.result["rollback"] = {"status": "failed", "detail": detail}

@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import write_private
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node.supervise import write_private
 
 HOLDER = "holder.json"
 GENERATION_SUFFIX = ".generation"

@@ -21,9 +21,9 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
 
 DEFAULT_EXCLUDE = list(gpu_query.GPU_SYSTEM_DAEMONS)
 

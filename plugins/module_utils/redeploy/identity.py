@@ -23,9 +23,9 @@ import json
 import math
 import os
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import write_private
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node.supervise import write_private
 
 SALT_NAME = ".identity-salt"
 

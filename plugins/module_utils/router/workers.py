@@ -27,7 +27,7 @@ import re
 import time
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.http import (
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import (
     ConnectionRefused,
     HTTPConnectionError,
     request,

@@ -26,11 +26,11 @@ import copy
 import os
 import time
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
-from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 PREFIX = 'gpu_memory_assert'
 DEFAULT_MIN_USED_MIB = 1024

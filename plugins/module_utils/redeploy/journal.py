@@ -20,7 +20,7 @@ import os
 import signal
 import time
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import write_private
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node.supervise import write_private
 
 NAME = "journal.json"
 FORMAT = 1

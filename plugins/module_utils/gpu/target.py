@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
 
 DEFAULT_DEVICE_PATHS = ['/dev/nvidia*']
 

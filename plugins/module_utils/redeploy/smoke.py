@@ -14,8 +14,8 @@ import threading
 import time
 import uuid
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.http import HTTPConnectionError, request
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_metrics import AcceptWindow, MetricsFormatError
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import HTTPConnectionError, request
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.metrics import AcceptWindow, MetricsFormatError
 
 # The options of the gate, as AnsibleModule argument spec (sglang_smoke's options; sglang_promote's smoke_gate).
 OPTIONS = dict(

@@ -12,21 +12,21 @@ import pwd
 import stat
 import time
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
-from ansible_collections.gpufleet.sglang.plugins.module_utils import http
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics as metrics_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as launch_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import preflight as pf
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import redeploy
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
-from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
-from ansible_collections.gpufleet.sglang.plugins.module_utils import validate
-from ansible_collections.gpufleet.sglang.plugins.module_utils import weights as weights_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import metrics as metrics_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import survey as pf
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import settings
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights as weights_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import ports as ports_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolution as resolution_mod
 
@@ -262,8 +262,8 @@ class Preflight(object):
         """Restart, or swap only the weights in place (sglang_redeploy_mode auto|restart|weights)."""
         mode = self.p["redeploy_mode"]
         running = found.get("running") or {}
-        if decision["action"] != redeploy.RESTART or mode == "restart":
-            if mode == "weights" and decision["action"] != redeploy.NONE:
+        if decision["action"] != identity.RESTART or mode == "restart":
+            if mode == "weights" and decision["action"] != identity.NONE:
                 self.problem("sglang_redeploy_mode: weights was asked for, but the plan is %s (%s); an in-place weight "
                              "update needs a healthy managed server that runs another checkpoint of the same config"
                              % (decision["action"], decision["why"]))
@@ -280,7 +280,7 @@ class Preflight(object):
             wplan["previous_model_path"] = (record.get("args") or {}).get("model_path")
             # Anything but the checkpoint (the environment, the interpreter, the version, a secret) needs a restart.
             state = (found.get("current") or {}).get("record") or {}
-            others = [d["field"] for d in redeploy.differences(state.get("identity"), launcher.identity)
+            others = [d["field"] for d in identity.differences(state.get("identity"), launcher.identity)
                       if d["field"] not in ("args.%s" % f for f in replace_fields())] if state.get("identity") else ["unknown"]
             if wplan["mode"] == "weights" and others:
                 wplan = dict(wplan, mode="restart", why="more than the checkpoint changes (%s)" % ", ".join(others),
@@ -375,9 +375,9 @@ class Preflight(object):
     # ------------------------------------------------------------------
     def run(self):
         p = self.p
-        for text in validate.check_settings(p["settings"]):
+        for text in settings.check_settings(p["settings"]):
             self.problem(text)
-        problem = validate.check_text_secret("sglang_server_api_key", p["api_key"])
+        problem = settings.check_text_secret("sglang_server_api_key", p["api_key"])
         if problem:
             self.problem(problem)
         if p["api_key"]:
@@ -407,7 +407,7 @@ class Preflight(object):
                          all_gpus=[gpu_query.summarize(g) for g in (snap or {}).get("gpus", [])])
         resolved = self.resolve(gpu)
         args = resolved.get("args") or dict(p["args"] or {})
-        layout = validate.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"])
+        layout = settings.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"])
         if layout:
             self.problem(layout)
         if args.get("delete_ckpt_after_loading") and p["rollback"]:
@@ -440,7 +440,7 @@ class Preflight(object):
         found = self.inspect_server(launcher, selected)
         entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
         kg = self.known_good(manager)
-        decision = redeploy.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+        decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
         decision, weights_plan = self.choose_mode(decision, found, launcher)
         lease_info = self.lease_state()
         self.weights_plan = weights_plan
@@ -471,7 +471,7 @@ class Preflight(object):
             "action": decision["action"], "why": decision["why"], "recovering": decision["recovering"],
             "interrupted": decision["interrupted"], "target_gpus": list(p["gpus"]), "manager": manager,
             "url": launcher.url, "argv": launcher.masked(launcher.argv), "fingerprint": launcher.fp,
-            "differences": redeploy.differences(running_identity, launcher.identity) if running_identity else [],
+            "differences": identity.differences(running_identity, launcher.identity) if running_identity else [],
             "running": found["running"], "port_owner": found["port_owner"], "holders": found["holders"],
             "teardown_pids": found["teardown_pids"], "expected_pids": found["expected_pids"],
             "ports": [i["port"] for i in found["ports"]], "port_checks": found["ports"],
@@ -480,7 +480,7 @@ class Preflight(object):
             "unit": launcher.unit,
         }
         result = {
-            "changed": bool(lease_info.get("acquired")) and decision["action"] != redeploy.NONE,
+            "changed": bool(lease_info.get("acquired")) and decision["action"] != identity.NONE,
             "plan": plan, "resolved": resolved, "node": self.node, "lease": lease_info, "problems": self.problems,
             "notes": self.notes, "elapsed": round(time.monotonic() - self.began, 3),
         }
@@ -498,9 +498,9 @@ class Preflight(object):
             found = self.inspect_server(launcher, self.snapshot()[1])
             entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
             kg = self.known_good(manager)
-            decision = redeploy.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+            decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
             decision, self.weights_plan = self.choose_mode(decision, found, launcher)
-        if lease_info.get("acquired") and decision["action"] != redeploy.NONE:
+        if lease_info.get("acquired") and decision["action"] != identity.NONE:
             running = found["running"] or {}
             journal_mod.record(journal_mod.path_for(p["state_dir"]), self.run_id, journal_mod.PLANNED,
                                detail="%s: %s" % (decision["action"], decision["why"]),
@@ -530,7 +530,7 @@ class Preflight(object):
         mode = self.lease_opts.get("acquire") or "if_needed"
         if mode == "never":
             return False
-        return mode == "always" or action != redeploy.NONE
+        return mode == "always" or action != identity.NONE
 
     def take_lease(self, before):
         opts = self.lease_opts

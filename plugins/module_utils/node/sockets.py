@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import pwd
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 PROC_ROOT = "/proc"
 _LISTEN = "0A"

@@ -25,15 +25,15 @@ import os
 import pwd
 import time
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain_plan
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
-from ansible_collections.gpufleet.sglang.plugins.module_utils import stop
-from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
-from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown_plan
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import stop
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 PREFIX = 'gpu_drain'
 SIGNALS = ['SIGTERM', 'SIGINT', 'SIGQUIT', 'SIGHUP', 'SIGUSR1', 'SIGUSR2', 'SIGKILL']
@@ -44,7 +44,7 @@ ARGUMENT_SPEC = dict(
     pids=dict(type='list', elements='int', default=[]),
     expected_pids=dict(type='list', elements='int', default=[]),
     on_unexpected=dict(type='str', default='signal', choices=['fail', 'signal']),
-    exclude=dict(type='list', elements='str', default=list(drain_plan.DEFAULT_EXCLUDE)),
+    exclude=dict(type='list', elements='str', default=list(teardown_plan.DEFAULT_EXCLUDE)),
     term_timeout=dict(type='float', default=30),
     kill_timeout=dict(type='float', default=15),
     signal=dict(type='str', default='SIGTERM', choices=SIGNALS),
@@ -166,8 +166,8 @@ class _Drain(object):
             self.fail('on_unexpected must be fail or signal, got %r' % (p['on_unexpected'],))
         try:
             gpu_target.check_common(p, PREFIX)
-            self.exclude_res = drain_plan.compile_patterns(p['exclude'], 'exclude')
-            self.match_res = drain_plan.compile_patterns(p['match'], 'match')
+            self.exclude_res = teardown_plan.compile_patterns(p['exclude'], 'exclude')
+            self.match_res = teardown_plan.compile_patterns(p['match'], 'match')
             self.signal = procfs.parse_signal(p['signal'])
             self.target = gpu_target.setup(p, self.runner, PREFIX, which=self.which, nvml=self.nvml)
         except gpu_target.TargetError as exc:
@@ -254,11 +254,11 @@ class _Drain(object):
         table = procfs.process_table()
         mains, cgroups = self.unit_info(table, list(target_pids) + list(p['pids']))
         patterns = self.target.device_patterns
-        ctx = drain_plan.PlanContext(
+        ctx = teardown_plan.PlanContext(
             self_chain=procfs.self_and_ancestors(), exclude_res=self.exclude_res, match_res=self.match_res,
             unit_main_pids=mains, unit_cgroups=cgroups, other_gpu_holders=other,
             device_fds=lambda pid: procfs.device_fds(pid, patterns))
-        plan = drain_plan.plan_drain(table, target_holders, ctx, explicit_pids=p['pids'])
+        plan = teardown_plan.plan_drain(table, target_holders, ctx, explicit_pids=p['pids'])
         self.result['not_signalled'] = plan['skipped']
         order = self.ordered_targets(plan)
         reports = dict((pid, self.describe(pid, plan['targets'][pid], table.get(pid))) for pid in order)
@@ -313,7 +313,7 @@ class _Drain(object):
     def check_unexpected(self, plan, table, reports):
         """With ``expected_pids``: name every holder outside them; fail before any signal when told to."""
         p = self.p
-        pids = drain_plan.unexpected(plan, table, p['expected_pids'])
+        pids = teardown_plan.unexpected(plan, table, p['expected_pids'])
         if not pids:
             return
         entries = []
@@ -357,7 +357,7 @@ class _Drain(object):
             for root in plan['roots']:
                 if root not in live_firsts:
                     continue
-                members, dummy = drain_plan.tree_members(fresh, root, ctx, kids)
+                members, dummy = teardown_plan.tree_members(fresh, root, ctx, kids)
                 for member in members:
                     if member in reports or member not in fresh:
                         continue

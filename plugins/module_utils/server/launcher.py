@@ -29,19 +29,19 @@ import os
 import socket
 import time
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import http
-from ansible_collections.gpufleet.sglang.plugins.module_utils import records
-from ansible_collections.gpufleet.sglang.plugins.module_utils import redeploy
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics as metrics
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
-from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
-from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import records
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import metrics
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import compare
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import flags as flag_table
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import unit as unit_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import unit as unit_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import versions
 
 DEFAULT_HOST = "127.0.0.1"
@@ -388,14 +388,14 @@ class Launcher(object):
                 self.blockers.append("chdir: %s is not a directory" % p["chdir"])
         self.python_path = python
         self.argv = [python, "-m", "sglang.launch_server"] + self.flags
-        salt = redeploy.read_salt(self.state_dir, create=False)
+        salt = identity.read_salt(self.state_dir, create=False)
         all_args = dict(self.args)
         all_args.update(self.secret_args)
         all_env = dict(self.env)
         all_env.update(self.secret_env)
-        self.identity = redeploy.identity(self.version, self.manager, self.python, all_args, all_env, p["chdir"], salt,
+        self.identity = identity.identity(self.version, self.manager, self.python, all_args, all_env, p["chdir"], salt,
                                           secret_args=tuple(self.secret_args))
-        self.fp = redeploy.fingerprint(self.identity)
+        self.fp = identity.fingerprint(self.identity)
         if self.unit_path:
             env_files = [p["environment_file"]] if p["environment_file"] else []
             if self.secret_env:
@@ -413,9 +413,9 @@ class Launcher(object):
         all_args.update(self.secret_args)
         all_env = dict(self.env)
         all_env.update(self.secret_env)
-        self.identity = redeploy.identity(self.version, self.manager, self.python, all_args, all_env, self.p["chdir"], salt,
+        self.identity = identity.identity(self.version, self.manager, self.python, all_args, all_env, self.p["chdir"], salt,
                                           secret_args=tuple(self.secret_args))
-        self.fp = redeploy.fingerprint(self.identity)
+        self.fp = identity.fingerprint(self.identity)
         if self.unit_text is not None:
             env_files = [self.p["environment_file"]] if self.p["environment_file"] else []
             if self.secret_env:
@@ -496,7 +496,7 @@ class Launcher(object):
         files = (self.pid_file, self.log_file, self.config_path, self.record_file, self.secrets_file)
         for directory in set(os.path.dirname(x) for x in files if x):
             sp.ensure_dir(directory)
-        salt = redeploy.read_salt(self.state_dir, create=True)
+        salt = identity.read_salt(self.state_dir, create=True)
         self.refingerprint(salt)
         if self.record_file:
             sp.write_private(self.record_file, json.dumps(self.launch_record(), indent=2, sort_keys=True) + "\n", mode=0o640)

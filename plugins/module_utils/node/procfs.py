@@ -34,8 +34,8 @@ import os
 import re
 import signal
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
-from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 PROC_ROOT = '/proc'
 
@@ -508,7 +508,7 @@ Deadline = wait.Deadline
 def __getattr__(name):
     """``procfs.ProcessHandle`` and ``procfs.wait_gone`` are the stop engine's (``stop.py``)."""
     if name in ('ProcessHandle', 'wait_gone'):
-        from ansible_collections.gpufleet.sglang.plugins.module_utils import stop
+        from ansible_collections.gpufleet.sglang.plugins.module_utils.node import stop
         return getattr(stop, name)
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 

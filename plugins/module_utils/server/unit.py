@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import records as _records
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import records as _records
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render
 
 # The identity comment is read back by modules that must not carry the renderer (records.py).
