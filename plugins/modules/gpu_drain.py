@@ -405,6 +405,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 
 
@@ -412,12 +413,12 @@ def main():
     module = AnsibleModule(argument_spec=copy.deepcopy(teardown.ARGUMENT_SPEC), supports_check_mode=True)
     try:
         result = teardown.run_drain(module.params, gpu_target.module_run(module), check_mode=module.check_mode,
-                                 warn=module.warn, which=module.get_bin_path)
+                                    warn=module.warn, which=module.get_bin_path)
     except teardown.DrainError as exc:
         result = dict(exc.result)
         if result.pop('missing_lib', None):
             module.fail_json(msg=missing_required_lib('nvidia-ml-py (pynvml)'),
-                             exception=str(gpu_query.PYNVML_IMPORT_ERROR), **result)
+                             exception=str(gpu_backends.PYNVML_IMPORT_ERROR), **result)
         module.fail_json(msg=exc.msg, **result)
     if module._diff:
         result['diff'] = {'before': teardown.holder_lines(result['holders']),

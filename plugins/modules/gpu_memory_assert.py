@@ -288,6 +288,8 @@ import copy
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
@@ -302,7 +304,7 @@ def main():
         result = dict(exc.result)
         if result.pop('missing_lib', None):
             module.fail_json(msg=missing_required_lib('nvidia-ml-py (pynvml)'),
-                             exception=str(gpu_query.PYNVML_IMPORT_ERROR), **result)
+                             exception=str(gpu_backends.PYNVML_IMPORT_ERROR), **result)
         module.fail_json(msg=exc.msg, **result)
     module.exit_json(**result)
 

@@ -23,6 +23,7 @@ import os
 import subprocess
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
 
 DEFAULT_DEVICE_PATHS = ['/dev/nvidia*']
 
@@ -132,7 +133,7 @@ def setup(params, runner, prefix, which=None, nvml=None):
     not executable, ``backend=nvml`` without pynvml, an unusable NVML.
     """
     backend_kind = params.get('backend') or 'auto'
-    has_nvml = gpu_query.HAS_PYNVML if nvml is None else True
+    has_nvml = gpu_backends.HAS_PYNVML if nvml is None else True
     if backend_kind == gpu_query.BACKEND_NVML and not has_nvml:
         raise TargetError('%s: backend=nvml needs the nvidia-ml-py (pynvml) Python library on the target'
                           % prefix, missing_lib='nvidia-ml-py (pynvml)')
@@ -146,10 +147,10 @@ def setup(params, runner, prefix, which=None, nvml=None):
     nvidia_smi = nvidia_smi or 'nvidia-smi'
     query_runner = bind(runner, params.get('command_timeout'))
     try:
-        backend, note = gpu_query.open_backend(backend_kind, query_runner, nvidia_smi, nvml=nvml)
+        backend, note = gpu_backends.open_backend(backend_kind, query_runner, nvidia_smi, nvml=nvml)
     except gpu_query.BackendUnavailable as exc:
         raise TargetError('%s: backend %s unavailable: %s' % (prefix, backend_kind, exc))
-    smi = gpu_query.NvidiaSmiBackend(query_runner, nvidia_smi)
+    smi = gpu_backends.NvidiaSmiBackend(query_runner, nvidia_smi)
     return Target(backend, smi, nvidia_smi, device_patterns(params), note)
 
 

@@ -27,6 +27,7 @@ import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown_plan
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import smi_csv
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
@@ -477,7 +478,7 @@ class _Drain(object):
                 entries.append(entry)
                 continue
             rc, out, err = self.target.smi.reset(index)
-            parsed = gpu_query.parse_reset_output(rc, out, err)
+            parsed = smi_csv.parse_reset_output(rc, out, err)
             entry['rc'] = rc
             entry['output'] = parsed['message']
             entry['result'] = 'reset' if rc == 0 and parsed['ok'] else 'failed'

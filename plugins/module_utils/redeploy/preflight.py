@@ -12,6 +12,8 @@ import pwd
 import stat
 import time
 
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
@@ -89,7 +91,7 @@ class Preflight(object):
     def snapshot(self):
         p = self.p
         try:
-            backend, _note = gpu_query.open_backend(p["backend"], self.runner(), p["nvidia_smi"])
+            backend, _note = gpu_backends.open_backend(p["backend"], self.runner(), p["nvidia_smi"])
         except gpu_query.BackendUnavailable as exc:
             self.problem("backend=%s cannot be used: %s" % (p["backend"], exc))
             return None, []

@@ -155,7 +155,7 @@ class Replace(object):
         kept = {}
         try:
             drained = teardown.run_drain(params, _runner(self.module), check_mode=False, warn=self.module.warn,
-                                             keep=kept)
+                                         keep=kept)
         except teardown.DrainError as exc:
             self.result["signalled"] = (exc.result or {}).get("signalled", [])
             self.result["drain"] = exc.result

@@ -345,7 +345,7 @@ def test_is_supervisor_and_ansible_detection():
 
 def test_holder_lines_for_diff():
     text = teardown.holder_lines([{"pid": 5, "name": "x", "gpus": [0, 1], "used_mib": None},
-                               {"pid": 4, "name": None, "gpus": [2], "used_mib": 10}])
+                                  {"pid": 4, "name": None, "gpus": [2], "used_mib": 10}])
     assert text == "PID 4 ? on GPU 2: 10 MiB\nPID 5 x on GPU 0,1: ?\n"
     assert teardown.holder_lines([]) == ""
 

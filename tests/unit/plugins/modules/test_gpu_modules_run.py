@@ -20,6 +20,7 @@ from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 from ansible_collections.gpufleet.sglang.plugins.modules import gpu_drain
@@ -206,7 +207,7 @@ def test_drain_lost_gpu_is_reported(sim, capsys, monkeypatch):
     ({"nvidia_smi": "/nonexistent/nvidia-smi"}, "nvidia_smi: /nonexistent/nvidia-smi is not an executable file"),
 ])
 def test_drain_option_errors(sim, capsys, args, words):
-    if args.get("backend") == "nvml" and gpu_query.HAS_PYNVML:
+    if args.get("backend") == "nvml" and gpu_backends.HAS_PYNVML:
         pytest.skip("pynvml is installed here")
     res = run(gpu_drain, args, capsys)
     assert res["failed"]
@@ -215,7 +216,7 @@ def test_drain_option_errors(sim, capsys, args, words):
 
 def test_drain_without_nvidia_smi_on_path(sim, capsys, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr(gpu_query, "HAS_PYNVML", False)
+    monkeypatch.setattr(gpu_backends, "HAS_PYNVML", False)
     res = run(gpu_drain, {}, capsys)
     assert res["failed"] and "nvidia-smi was not found" in res["msg"]
 
@@ -300,7 +301,7 @@ def test_assert_transient_errors_are_retried_until_the_deadline(sim, capsys, tmp
     ({"nvidia_smi": "PLAIN_FILE"}, "is not an executable file"),
 ])
 def test_assert_option_errors(sim, capsys, tmp_path, args, words):
-    if args.get("backend") == "nvml" and gpu_query.HAS_PYNVML:
+    if args.get("backend") == "nvml" and gpu_backends.HAS_PYNVML:
         pytest.skip("pynvml is installed here")
     if args.get("nvidia_smi") == "PLAIN_FILE":
         plain = tmp_path / "nvidia-smi.txt"
@@ -313,7 +314,7 @@ def test_assert_option_errors(sim, capsys, tmp_path, args, words):
 
 def test_assert_without_nvidia_smi(sim, capsys, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr(gpu_query, "HAS_PYNVML", False)
+    monkeypatch.setattr(gpu_backends, "HAS_PYNVML", False)
     res = run(gma, {}, capsys)
     assert res["failed"] and "nvidia-smi was not found" in res["msg"]
     assert res["diagnosis"][0]["kind"] == "driver"

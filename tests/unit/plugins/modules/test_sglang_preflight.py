@@ -198,13 +198,13 @@ def test_check_mode_plans_without_a_lease_or_journal(node, run):
 
 
 def test_auto_backend_falls_back_to_nvidia_smi(node, run, monkeypatch):
-    monkeypatch.setattr(plan_mod.gpu_query, "pynvml", None)
+    monkeypatch.setattr(plan_mod.gpu_backends, "pynvml", None)
     res = run(backend="auto", check=True)
     assert res["problems"] == [] and res["node"]["backend"] == "nvidia-smi"
 
 
 def test_nvml_backend_unavailable_fails(node, run, monkeypatch):
-    monkeypatch.setattr(plan_mod.gpu_query, "pynvml", None)
+    monkeypatch.setattr(plan_mod.gpu_backends, "pynvml", None)
     res = run(backend="nvml", check=True)
     assert res["failed"] is True
     assert res["problems"][0] == "backend=nvml cannot be used: the pynvml module (nvidia-ml-py) is not installed"
