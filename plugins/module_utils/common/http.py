@@ -136,8 +136,3 @@ def request(method, url, body=None, api_key=None, timeout=DEFAULT_TIMEOUT, heade
     except Exception as exc:  # http.client.IncompleteRead and friends
         raise HTTPConnectionError(url, "%s: %s" % (type(exc).__name__, exc)) from None
     return status, hdrs, _decode(raw, hdrs.get("content-type"))
-
-
-def get_json(url, api_key=None, timeout=DEFAULT_TIMEOUT):
-    """GET ``url``; shorthand for ``request('GET', ...)``."""
-    return request("GET", url, api_key=api_key, timeout=timeout)

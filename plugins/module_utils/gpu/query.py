@@ -134,10 +134,6 @@ STATUS_HINTS = {
 BUS_ID_RE = re.compile(r'^(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})\.([0-7])$')
 
 
-class GpuQueryError(Exception):
-    """A query failed in a way the caller must report (bad selector, missing library)."""
-
-
 class BackendUnavailable(Exception):
     """The requested backend cannot be used here (the reason is the message)."""
 

@@ -38,17 +38,6 @@ SUPERVISOR_NAMES = frozenset((
 ))
 SUPERVISOR_PREFIXES = ('containerd-shim', 'tmux:', 'systemd-', 'sshd:')
 
-STATE_HINTS = {
-    'D': 'uninterruptible sleep inside the kernel or driver: it dies when the call returns; '
-         'otherwise only a GPU reset or a reboot frees it',
-    'T': 'stopped: it exits as soon as it is continued (SIGCONT)',
-    't': 'stopped by a tracer: detach the debugger',
-    'Z': 'zombie leader whose other threads still run',
-}
-
-ROOT_GRACE_S = 1.0
-POLL_S = 0.02
-
 
 # ---------------------------------------------------------------------------
 # Pure planning over a process-table snapshot

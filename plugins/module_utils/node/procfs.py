@@ -243,11 +243,6 @@ def systemd_unit_from_cgroup(text):
     return unit, manager, '/' + '/'.join(parts[:unit_index + 1])
 
 
-def mask_secrets(argv, flags=None):
-    """``argv`` with secrets masked: ``module_utils.secrets.mask_argv`` (``flags`` is ignored)."""
-    return secrets.mask_argv(argv)
-
-
 def is_exited(state, num_threads=1):
     """True for a zombie/dead process with no live thread left.
 
@@ -312,10 +307,6 @@ def read_uid(pid, proc_root=PROC_ROOT):
             if len(fields) > 1 and fields[1].isdigit():
                 return int(fields[1])
     return None
-
-
-def pid_exists(pid, proc_root=PROC_ROOT):
-    return os.path.exists(os.path.join(proc_root, str(pid)))
 
 
 def read_proc(pid, proc_root=PROC_ROOT, with_cgroup=True):

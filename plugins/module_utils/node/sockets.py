@@ -28,7 +28,6 @@ import pwd
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 PROC_ROOT = "/proc"
-_LISTEN = "0A"
 
 # The TCP states of /proc/net/tcp (include/net/tcp_states.h).
 TCP_STATES = {

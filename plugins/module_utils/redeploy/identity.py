@@ -137,11 +137,9 @@ def differences(before, after):
     return out
 
 
-def format_differences(diffs, limit=12):
-    items = ["%s: %s -> %s" % (d["field"], _show(d["before"]), _show(d["after"])) for d in diffs[:limit]]
-    if len(diffs) > limit:
-        items.append("... %d more" % (len(diffs) - limit))
-    return "; ".join(items)
+def format_difference(diff):
+    """``field: before -> after`` for one entry of :func:`differences` (secrets are already masked there)."""
+    return "%s: %s -> %s" % (diff["field"], _show(diff["before"]), _show(diff["after"]))
 
 
 def _show(value):

@@ -596,5 +596,5 @@ def plan_lines(host, plan, resolved, lease_info):
             holder["pid"], holder["class"], holder.get("user"), ",".join(str(g) for g in holder.get("gpus") or []),
             holder.get("why"), (holder.get("cmdline") or "")[:160]))
     for diff in plan.get("differences") or []:
-        lines.append("changes %s: %s -> %s" % (diff["field"], _fmt(diff["before"]), _fmt(diff["after"])))
+        lines.append("changes " + identity.format_difference(diff))
     return lines

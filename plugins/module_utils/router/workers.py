@@ -36,10 +36,8 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import
 API_1 = "1"
 API_03 = "0.3"
 API_01 = "0.1"
-API_VERSIONS = (API_1, API_03, API_01)
 READY = "ready"
 DRAINING = "draining"
-PENDING = "pending"
 # smg 1.x states in which the router no longer probes its way back quickly
 # (not_ready, failed) or never will (an unhealthy 0.3 entry): re-registered.
 STALE = ("not_ready", "failed")

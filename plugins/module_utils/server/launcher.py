@@ -52,7 +52,6 @@ MSG_LINE_MAX = 400
 PROBE_TIMEOUT = 30.0
 HEALTH_POLL_S = 0.2
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1", "[::]": "::1"}
-ENTRY_TOKENS = ("sglang.launch_server", "serve")
 
 DEFAULTS = {
     "name": "main", "version": "0.5.23", "manager": "process", "unit": None, "unit_dir": None, "python": "python3",
@@ -135,18 +134,6 @@ def base_url(host, port):
     if ":" in host:
         host = "[%s]" % host
     return "http://%s:%d" % (host, port)
-
-
-def flags_of(argv):
-    """SGLang's own flags from a server command line (after ``-m sglang.launch_server`` / ``sglang serve``)."""
-    argv = list(argv or [])
-    for i, token in enumerate(argv):
-        if token in ENTRY_TOKENS or token.endswith("/sglang.launch_server"):
-            return argv[i + 1:]
-    for i, token in enumerate(argv):
-        if token.startswith("--"):
-            return argv[i:]
-    return []
 
 
 def port_in_use(host, port, timeout=0.5):

@@ -225,12 +225,6 @@ def test_hosts_urls_and_argv_helpers():
     assert engine.base_url("10.1.2.3", 5) == "http://10.1.2.3:5" and engine.base_url("", 6) == "http://127.0.0.1:6"
     assert engine.probe_host("[::1]") == "::1"
     assert engine.norm_key("--speculative-num-steps") == "speculative_num_steps"
-    flags = ["--model-path", "/m", "--port", "1"]
-    assert engine.flags_of(["/usr/bin/python3", "-m", "sglang.launch_server"] + flags) == flags
-    assert engine.flags_of(["/venv/bin/sglang", "serve"] + flags) == flags
-    assert engine.flags_of(["python", "/x/sglang.launch_server"] + flags) == flags
-    assert engine.flags_of(["weird", "--model-path", "/m"]) == ["--model-path", "/m"]
-    assert engine.flags_of(["sleep", "9"]) == [] and engine.flags_of(None) == []
     long_line = "x" * 500
     assert engine.short_lines(["a", long_line]) == "a\n" + "x" * 400 + " [... 100 more characters]"
     assert engine.num_text(1800.0) == "1800" and engine.num_text(0.05) == "0.05"

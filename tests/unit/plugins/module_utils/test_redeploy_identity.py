@@ -210,7 +210,7 @@ def test_read_salt_empty_file_is_replaced_on_create(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# differences / format_differences
+# differences / format_difference
 # ---------------------------------------------------------------------------
 
 def test_no_differences_for_equal_identities():
@@ -230,7 +230,7 @@ def test_differences_name_each_field():
         "args.chunked_prefill_size": (None, 4096.0),
         "env.NCCL_DEBUG": ("WARN", "INFO"),
     }
-    text = identity.format_differences(diffs)
+    text = "; ".join(identity.format_difference(d) for d in diffs)
     assert "args.tp_size: 2 -> 4" in text
     assert "args.enable_metrics: True -> unset" in text
     assert "args.chunked_prefill_size: unset -> 4096" in text
@@ -248,7 +248,7 @@ def test_secret_differences_are_masked():
     after = secret_ident(api_key="sk-another-one", hf=HF)
     diffs = identity.differences(before, after)
     assert [d["field"] for d in diffs] == ["args.api_key"]
-    text = identity.format_differences(diffs) + json.dumps(diffs)
+    text = "; ".join(identity.format_difference(d) for d in diffs) + json.dumps(diffs)
     for leaked in (SECRET, "sk-another-one", before["args"]["api_key"], after["args"]["api_key"], "hmac-sha256"):
         assert leaked not in text
     assert secrets.MASK in text and "changed" in text
@@ -262,18 +262,15 @@ def test_secret_added_or_removed_is_masked():
     removed = identity.differences(with_key, plain)
     assert removed[0]["before"] == secrets.MASK and removed[0]["after"] is None
     for diffs in (added, removed):
-        text = identity.format_differences(diffs)
+        text = "; ".join(identity.format_difference(d) for d in diffs)
         assert SECRET not in text and "hmac" not in text and "unset" in text
 
 
-def test_format_differences_limit_and_values():
-    diffs = [{"field": "args.f%02d" % i, "before": i, "after": i + 1} for i in range(15)]
-    text = identity.format_differences(diffs, limit=12)
-    assert text.count("->") == 12 and text.endswith("... 3 more")
-    assert "args.f12" not in text
-    assert identity.format_differences(diffs[:2]) == "args.f00: 0 -> 1; args.f01: 1 -> 2"
-    assert identity.format_differences([]) == ""
-    nested = identity.format_differences([{"field": "args.x", "before": [1.0, 2.5], "after": {"b": 1, "a": 2}}])
+def test_format_difference_values():
+    diffs = [{"field": "args.f%02d" % i, "before": i, "after": i + 1} for i in range(2)]
+    assert [identity.format_difference(d) for d in diffs] == ["args.f00: 0 -> 1", "args.f01: 1 -> 2"]
+    assert identity.format_difference({"field": "args.tp_size", "before": 8.0, "after": -1.0}) == "args.tp_size: 8 -> -1"
+    nested = identity.format_difference({"field": "args.x", "before": [1.0, 2.5], "after": {"b": 1, "a": 2}})
     assert nested == 'args.x: [1.0, 2.5] -> {"a": 2, "b": 1}'
 
 

@@ -109,7 +109,7 @@ def test_http_json_and_bearer(server):
 
 def test_http_errors_are_answers_not_exceptions(server):
     assert h.request("GET", server + "/missing")[0] == 404
-    status, dummy, data = h.get_json(server + "/busy")
+    status, dummy, data = h.request("GET", server + "/busy")
     assert status == 503 and data == {"status": "starting"}
     assert h.request("GET", server + "/text")[2] == "plain text"
 
