@@ -119,9 +119,9 @@ options:
   term_timeout:
     description:
       - Seconds to wait after O(signal) before C(SIGKILL). SGLang drains its requests and then waits up to 15 s for
-        its schedulers, so leave it room.
+        its schedulers, so leave it room. The same default as the roles' C(gpu_teardown_term_timeout).
     type: float
-    default: 30
+    default: 60
   kill_timeout:
     description:
       - Seconds to wait after C(SIGKILL) for the processes to be gone.

@@ -2,7 +2,7 @@
 # Copyright: (c) 2026, gpufleet maintainers
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The drain engine: stop what holds the target GPUs, and only that (standard library only).
+"""The teardown engine: stop what holds the target GPUs, and only that (standard library only).
 
 ``run_drain(params, runner, check_mode=False, warn=None) -> result`` is the
 whole of ``gpu_drain`` without AnsibleModule, so that a module that must not
@@ -46,7 +46,7 @@ ARGUMENT_SPEC = dict(
     expected_pids=dict(type='list', elements='int', default=[]),
     on_unexpected=dict(type='str', default='signal', choices=['fail', 'signal']),
     exclude=dict(type='list', elements='str', default=list(teardown_plan.DEFAULT_EXCLUDE)),
-    term_timeout=dict(type='float', default=30),
+    term_timeout=dict(type='float', default=stop.DEFAULT_TERM_TIMEOUT),
     kill_timeout=dict(type='float', default=15),
     signal=dict(type='str', default='SIGTERM', choices=SIGNALS),
     reset_orphaned=dict(type='bool', default=False),

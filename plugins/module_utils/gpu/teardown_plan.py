@@ -2,7 +2,7 @@
 # Copyright: (c) 2026, gpufleet maintainers
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The drain's plan: which processes to signal for the GPU holders, as pure functions (standard library only).
+"""The teardown plan: which processes to signal for the GPU holders, as pure functions (standard library only).
 
 Everything here is a function of a process-table snapshot (``procfs.process_table``)
 and a :class:`PlanContext`; nothing reads ``/proc`` or signals anything, so the

@@ -39,6 +39,9 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 POLL_S = 0.02
+# Seconds from the first signal to SIGKILL: the one default of the collection (gpu_drain's term_timeout, the
+# roles' gpu_teardown_term_timeout): SGLang drains its requests, then waits up to 15 s for its schedulers.
+DEFAULT_TERM_TIMEOUT = 60.0
 DEFAULT_GRACE_S = 1.0
 
 
@@ -241,7 +244,7 @@ def _report(target):
             'first_signal': None, 'state': None}
 
 
-def stop(targets, first_signal=signal.SIGTERM, term_timeout=30.0, kill_timeout=15.0, grace=DEFAULT_GRACE_S,
+def stop(targets, first_signal=signal.SIGTERM, term_timeout=DEFAULT_TERM_TIMEOUT, kill_timeout=15.0, grace=DEFAULT_GRACE_S,
          interval=POLL_S, before_kill=None, on_exit=None, warn=None, clock=None):
     """Stop ``targets`` (a list of :class:`Target`); returns ``{"reports", "survivors", "elapsed", "handles"}``.
 

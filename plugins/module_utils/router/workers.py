@@ -32,6 +32,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import
     HTTPConnectionError,
     request,
 )
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 API_1 = "1"
 API_03 = "0.3"
@@ -364,24 +365,6 @@ def read_load(base, api_key, timeout, source=None):
                       "/v1/loads, or set drain=false." % (base, "; ".join(tried), hint))
 
 
-class Deadline(object):
-    def __init__(self, seconds):
-        self.start = time.monotonic()
-        self.end = self.start + max(float(seconds), 0.0)
-
-    def left(self):
-        return self.end - time.monotonic()
-
-    def expired(self):
-        return self.left() <= 0
-
-    def clamp(self, value):
-        return max(min(value, self.left()), 0.05)
-
-    def elapsed(self):
-        return round(time.monotonic() - self.start, 3)
-
-
 # --------------------------------------------------------------------------
 # The router client
 # --------------------------------------------------------------------------
@@ -477,6 +460,11 @@ class Router(object):
 # The module's flow
 # --------------------------------------------------------------------------
 
+def _request_timeout(deadline, seconds):
+    """A request's timeout inside ``deadline``: the time left, at most ``seconds``, never zero (urllib's 0 is no wait)."""
+    return max(deadline.clamp(seconds), 0.05)
+
+
 def _urls(workers):
     return [w["url"] for w in workers]
 
@@ -519,8 +507,9 @@ class RouterWorker(object):
         self.result["elapsed"] = round(time.monotonic() - self.started, 3)
         self.module.fail_json(msg=msg, **self.result)
 
-    def sleep(self, deadline):
-        time.sleep(min(self.p["poll_interval"], max(deadline.left(), 0)))
+    def poll(self, predicate, deadline):
+        """``predicate()`` every poll_interval until it returns something truthy or ``deadline`` passes (wait.py)."""
+        return wait.wait_for(predicate, deadline=deadline, interval=self.p["poll_interval"])
 
     def ready(self, entry):
         return is_ready(entry, self.router.api_version)
@@ -563,22 +552,24 @@ class RouterWorker(object):
         """Register only a server that is healthy itself: ``GET /health`` answers 200."""
         if not self.p["wait_server"]:
             return
-        deadline = Deadline(self.p["timeout"])
-        last = None
-        while True:
+        deadline = wait.Deadline(self.p["timeout"])
+        last = [None]
+
+        def healthy():
             try:
                 status, dummy, dummy2 = request("GET", self.server_base + "/health",
-                                                timeout=deadline.clamp(self.p["request_timeout"] or 10))
+                                                timeout=_request_timeout(deadline, self.p["request_timeout"] or 10))
                 if status == 200:
-                    return
-                last = "HTTP %s" % status
+                    return True
+                last[0] = "HTTP %s" % status
             except HTTPConnectionError as exc:
-                last = str(exc)
-            if deadline.expired():
-                self.fail("%s/health did not answer 200 within %.0f s (last: %s), so the server was not put into the "
-                          "router. Start the server first; set drain_url when this host reaches it under another address, "
-                          "or wait_server=false when it cannot reach it at all." % (self.server_base, self.p["timeout"], last))
-            self.sleep(deadline)
+                last[0] = str(exc)
+            return False
+
+        if not self.poll(healthy, deadline):
+            self.fail("%s/health did not answer 200 within %.0f s (last: %s), so the server was not put into the "
+                      "router. Start the server first; set drain_url when this host reaches it under another address, "
+                      "or wait_server=false when it cannot reach it at all." % (self.server_base, self.p["timeout"], last[0]))
 
     def check_readd(self):
         """With state=absent and check_readd: refuse, before the worker is taken out, a redeploy whose new server
@@ -665,40 +656,47 @@ class RouterWorker(object):
             if status != 404:
                 return
 
+    def check_add_job(self, job_id, deadline, state):
+        """An AddWorker job the router failed, or dropped without a message: fail with what it said."""
+        router = self.router
+        status, job = router.job(job_id, timeout=_request_timeout(deadline, router.request_timeout))
+        job_status = job.get("job_status") if isinstance(job, dict) else None
+        job_status = job_status if isinstance(job_status, dict) else {}
+        if job_status.get("status") == "failed":
+            self.fail("the router could not add %s: %s" % (self.url, job_status.get("message") or "the AddWorker job failed"),
+                      workers=_urls(state["workers"]))
+        if job_status.get("status"):
+            state["last"] = "AddWorker job %s" % job_status["status"]
+        state["job_gone"] = state["job_gone"] + 1 if status == 404 else 0
+        if state["job_gone"] >= 2:
+            # smg 1.x drops a failed AddWorker job without a message (measured on 1.13.0).
+            self.fail("the router dropped the AddWorker job for %s and does not list it: its health check or "
+                      "metadata discovery failed (the router's log says which). Check that the router reaches the "
+                      "worker under this URL, and --worker-startup-timeout-secs." % self.url, workers=_urls(state["workers"]))
+
     def wait_member(self, job_id):
         """Poll until the router lists the worker as routable (listed, without wait_healthy)."""
         router = self.router
-        deadline = Deadline(self.p["timeout"])
-        last = "not listed yet"
-        job_gone = 0
-        workers = []
-        while True:
-            workers = router.list(timeout=deadline.clamp(router.request_timeout))
+        deadline = wait.Deadline(self.p["timeout"])
+        state = {"last": "not listed yet", "job_gone": 0, "workers": []}
+
+        def member():
+            workers = state["workers"] = router.list(timeout=_request_timeout(deadline, router.request_timeout))
             found = find_workers(workers, self.url)
             if found:
-                job_gone = 0
+                state["job_gone"] = 0
                 ready = [e for e in found if self.ready(e)]
                 if ready or not self.p["wait_healthy"]:
                     return (ready or found)[0], workers
-                last = "listed as %s" % (found[0]["status"] or "unhealthy")
+                state["last"] = "listed as %s" % (found[0]["status"] or "unhealthy")
             elif job_id and router.restful:
-                status, job = router.job(job_id, timeout=deadline.clamp(router.request_timeout))
-                job_status = job.get("job_status") if isinstance(job, dict) else None
-                job_status = job_status if isinstance(job_status, dict) else {}
-                if job_status.get("status") == "failed":
-                    self.fail("the router could not add %s: %s" % (self.url, job_status.get("message") or "the AddWorker job failed"),
-                              workers=_urls(workers))
-                if job_status.get("status"):
-                    last = "AddWorker job %s" % job_status["status"]
-                job_gone = job_gone + 1 if status == 404 else 0
-                if job_gone >= 2:
-                    # smg 1.x drops a failed AddWorker job without a message (measured on 1.13.0).
-                    self.fail("the router dropped the AddWorker job for %s and does not list it: its health check or "
-                              "metadata discovery failed (the router's log says which). Check that the router reaches the "
-                              "worker under this URL, and --worker-startup-timeout-secs." % self.url, workers=_urls(workers))
-            if deadline.expired():
-                break
-            self.sleep(deadline)
+                self.check_add_job(job_id, deadline, state)
+            return None
+
+        got = self.poll(member, deadline)
+        if got:
+            return got.value
+        last, workers = state["last"], state["workers"]
         self.fail("%s is not %s in the router %s after %.0f s (%s). Check that the router reaches the worker under "
                   "this URL, and the router's --worker-startup-timeout-secs and health-check settings."
                   % (self.url, "Ready" if self.p["wait_healthy"] else "listed", router.base, self.p["timeout"], last),
@@ -711,21 +709,24 @@ class RouterWorker(object):
         still listed (``router_load``) and how long the router took (``settle_s``).
         """
         router = self.router
-        deadline = Deadline(self.p["timeout"])
-        while True:
-            workers = router.list(timeout=deadline.clamp(router.request_timeout))
-            still = find_workers(workers, self.url)
-            if not still:
-                self.result["settle_s"] = deadline.elapsed()
-                return workers
+        deadline = wait.Deadline(self.p["timeout"])
+        state = {"workers": [], "still": []}
+
+        def gone():
+            workers = state["workers"] = router.list(timeout=_request_timeout(deadline, router.request_timeout))
+            still = state["still"] = find_workers(workers, self.url)
             loads = [e["load"] for e in still if e["load"] is not None]
             if loads:
                 self.result["router_load"] = sum(loads)
-            if deadline.expired():
-                self.fail("the router %s still lists %s (%s) %.0f s after the removal was requested"
-                          % (router.base, ", ".join(w["url"] for w in still), ", ".join(str(w["status"]) for w in still),
-                             self.p["timeout"]), workers=_urls(workers))
-            self.sleep(deadline)
+            return not still
+
+        if self.poll(gone, deadline):
+            self.result["settle_s"] = round(deadline.elapsed(), 3)
+            return state["workers"]
+        still = state["still"]
+        self.fail("the router %s still lists %s (%s) %.0f s after the removal was requested"
+                  % (router.base, ", ".join(w["url"] for w in still), ", ".join(str(w["status"]) for w in still),
+                     self.p["timeout"]), workers=_urls(state["workers"]))
 
     # ---- absent ----------------------------------------------------------
 
@@ -784,40 +785,42 @@ class RouterWorker(object):
 
     def drain(self):
         """Wait until the server's own load is 0 for drain_settle seconds."""
-        deadline = Deadline(self.p["drain_timeout"])
+        deadline = wait.Deadline(self.p["drain_timeout"])
         api_key = self.p["worker_api_key"]
-        source = None
-        zero_since = None
-        load = None
-        while True:
+        state = {"source": None, "zero_since": None, "load": None}
+
+        def drained():
             try:
-                load, source = read_load(self.server_base, api_key, deadline.clamp(self.p["request_timeout"] or 10), source)
+                load, source = read_load(self.server_base, api_key,
+                                         _request_timeout(deadline, self.p["request_timeout"] or 10), state["source"])
             except ConnectionRefused:
                 self.module.warn("%s refuses connections, so nothing is in flight there; treating it as drained" % self.server_base)
-                self.result.update(load=None, load_source="unreachable", drained_s=deadline.elapsed())
-                return
+                self.result.update(load=None, load_source="unreachable", drained_s=round(deadline.elapsed(), 3))
+                return True
             except HTTPConnectionError as exc:
                 if deadline.expired():
                     self.fail("cannot read the load of %s: %s" % (self.server_base, exc), drained_s=None)
-                self.sleep(deadline)
-                continue
+                return False
             except RouterError as exc:
                 self.fail(exc.msg, drained_s=None)
+            state.update(load=load, source=source)
             self.result.update(load=load, load_source=source)
             if self.result["initial_load"] is None:
                 self.result["initial_load"] = load
             now = time.monotonic()
-            if load == 0:
-                if zero_since is None:
-                    zero_since = now
-                if now - zero_since >= self.p["drain_settle"]:
-                    self.result["drained_s"] = deadline.elapsed()
-                    return
-            else:
-                zero_since = None
-            if deadline.expired():
-                break
-            self.sleep(deadline)
+            if load != 0:
+                state["zero_since"] = None
+                return False
+            if state["zero_since"] is None:
+                state["zero_since"] = now
+            if now - state["zero_since"] >= self.p["drain_settle"]:
+                self.result["drained_s"] = round(deadline.elapsed(), 3)
+                return True
+            return False
+
+        if self.poll(drained, deadline):
+            return
+        load, source = state["load"], state["source"]
         self.fail("%s still has %s request(s) in flight (%s) after %.0f s; the server was not stopped. Raise drain_timeout, "
                   "or find out what keeps it busy." % (self.server_base, load, source, self.p["drain_timeout"]),
                   drained_s=None)
