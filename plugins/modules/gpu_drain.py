@@ -163,32 +163,9 @@ options:
         counts as orphaned. Killed processes release their memory after they exit, usually within seconds.
     type: float
     default: 30
-  device_paths:
-    description:
-      - fnmatch patterns (absolute) of the GPU device nodes. A holder visible in C(/proc) must have one of them open,
-        which protects against PIDs that nvidia-smi reports from another PID namespace.
-      - The roles set it from the inventory variable C(gpufleet_gpu_device_paths); a simulated node passes its own
-        device directory here.
-    type: list
-    elements: str
-    default: ['/dev/nvidia*']
-  backend:
-    description:
-      - How to read the GPUs. V(auto) uses NVML when the C(pynvml) module (nvidia-ml-py) imports and initialises,
-        otherwise nvidia-smi. GPU resets always use nvidia-smi.
-    type: str
-    default: auto
-    choices: [auto, nvidia-smi, nvml]
-  nvidia_smi:
-    description:
-      - Path of the nvidia-smi binary, or a bare command name that is searched on E(PATH).
-      - By default C(nvidia-smi) is searched on E(PATH).
-    type: path
-  command_timeout:
-    description:
-      - Seconds after which one nvidia-smi run is abandoned (through coreutils C(timeout), when installed).
-    type: float
-    default: 60
+extends_documentation_fragment:
+  - gpufleet.sglang.gpu
+  - gpufleet.sglang.gpu.command_timeout
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -404,7 +381,6 @@ import copy
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
-from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 

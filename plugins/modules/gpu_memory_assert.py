@@ -95,33 +95,9 @@ options:
     description:
       - Message to fail with instead of the generated one (the diagnosis is returned either way).
     type: str
-  backend:
-    description:
-      - How to read the GPUs. V(auto) uses NVML when the C(pynvml) module (nvidia-ml-py) imports and initialises,
-        otherwise nvidia-smi.
-    type: str
-    default: auto
-    choices: [auto, nvidia-smi, nvml]
-  nvidia_smi:
-    description:
-      - Path of the nvidia-smi binary, or a bare command name that is searched on E(PATH).
-      - By default C(nvidia-smi) is searched on E(PATH).
-    type: path
-  device_paths:
-    description:
-      - fnmatch patterns (absolute) of the GPU device nodes, used by the diagnosis to find unlisted processes that
-        keep a GPU open.
-      - The roles set it from the inventory variable C(gpufleet_gpu_device_paths); a simulated node passes its own
-        device directory here.
-    type: list
-    elements: str
-    default: ['/dev/nvidia*']
-  command_timeout:
-    description:
-      - Seconds after which one nvidia-smi run is abandoned (through coreutils C(timeout), when installed); the poll
-        then counts as failed and the next one follows.
-    type: float
-    default: 60
+extends_documentation_fragment:
+  - gpufleet.sglang.gpu
+  - gpufleet.sglang.gpu.command_timeout
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -290,7 +266,6 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
-from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
 

@@ -37,11 +37,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.versions im
 )
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.mirror.algorithms import AlgorithmRules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.mirror.backends import BackendRules
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.mirror.base import (  # noqa: F401 (DEFAULT_GPU: part of this API)
-    DEFAULT_GPU,
-    Base,
-    normalize_gpu,
-)
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.mirror.base import Base, normalize_gpu
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.mirror.eagle import EagleRules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.mirror.layout import LayoutRules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.mirror.speculative import SpeculativeRules

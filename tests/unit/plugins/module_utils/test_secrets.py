@@ -1,8 +1,8 @@
 """The collection's one set of secret rules (plugins/module_utils/common/secrets.py).
 
 Each secret form is fed through every public entry point (argv, text, env,
-redact), through the helpers other files delegate to (procfs.mask_secrets,
-sglang_process.*, the sglang_mask filter), and checked to come out masked
+redact), through the helpers other files delegate to (node/supervise.py,
+the sglang_mask filter), and checked to come out masked
 while look-alike names and values stay as they are.
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.filter.sglang_mask import mask as filter_mask
-from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as s
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 

@@ -19,7 +19,6 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
-from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
