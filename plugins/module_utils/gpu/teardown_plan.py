@@ -360,15 +360,31 @@ def plan_drain(table, target_holders, ctx, explicit_pids=()):
       the first signal: roots, and members, which no root tears down;
     * ``skipped``: ``[{'pid', 'name', 'cmdline', 'gpus', 'used_mib', 'reason'}]``.
     """
-    roots = []
-    targets = {}
-    skipped = []
-    kids = procfs.children_map(table)
-    unit_paths = {}
+    planner = _Planner(table, target_holders, ctx)
+    # Explicit roots first: they are the caller's intent.
+    planner.take_explicit(explicit_pids)
+    planner.take_holders()
+    planner.take_members()
+    return {'roots': planner.roots, 'targets': planner.targets, 'skipped': planner.skipped}
 
-    def skip(pid, reason, holder=None):
-        info = table.get(pid)
-        skipped.append({
+
+class _Planner(object):
+    """The state of one :func:`plan_drain`: roots in order, targets by PID, what was skipped and why."""
+
+    def __init__(self, table, target_holders, ctx):
+        self.table = table
+        self.holders = target_holders
+        self.ctx = ctx
+        self.roots = []
+        self.targets = {}
+        self.skipped = []
+        self.kids = procfs.children_map(table)
+        self.unit_paths = {}
+        self.orphans = []
+
+    def skip(self, pid, reason, holder=None):
+        info = self.table.get(pid)
+        self.skipped.append({
             'pid': pid,
             'name': (holder or {}).get('name') if info is None else info.comm,
             'cmdline': None if info is None else secrets.mask_cmdline(info.cmdline),
@@ -377,106 +393,111 @@ def plan_drain(table, target_holders, ctx, explicit_pids=()):
             'reason': reason,
         })
 
-    def entry(pid, role, root, how=None, first=False):
-        holder = target_holders.get(pid) or {}
+    def entry(self, pid, role, root, how=None, first=False):
+        holder = self.holders.get(pid) or {}
         return {'pid': pid, 'role': role, 'root': root, 'how': how, 'gpus': list(holder.get('gpus', [])),
                 'used_mib': holder.get('used_mib'), 'first': first}
 
-    def add_root(pid, how):
-        if pid not in roots:
-            roots.append(pid)
-        current = targets.get(pid)
+    def add_root(self, pid, how):
+        if pid not in self.roots:
+            self.roots.append(pid)
+        current = self.targets.get(pid)
         if current is None or current['role'] != 'root':
-            targets[pid] = entry(pid, 'root', pid, how, first=True)
+            self.targets[pid] = self.entry(pid, 'root', pid, how, first=True)
 
-    # Explicit roots first: they are the caller's intent.
-    for pid in explicit_pids:
-        info = table.get(pid)
-        if info is None:
-            skip(pid, 'pids: not running')
-            continue
-        if info.exited:
-            skip(pid, 'pids: already exited (zombie, waiting for its parent %d)' % info.ppid)
-            continue
-        refusal = root_refusal(info, ctx)
-        if refusal:
-            skip(pid, 'pids: refused: %s' % refusal)
-            continue
-        if not matches_any(info, ctx.match_res):
-            skip(pid, 'pids: does not match the match patterns')
-            continue
-        add_root(pid, 'explicit in pids')
-
-    orphans = []
-    for pid in sorted(target_holders, key=lambda p: (p is None, p or 0)):
-        holder = target_holders[pid]
-        if pid is None:
-            skip(None, 'nvidia-smi listed a process without a PID; it cannot be signalled', holder)
-            continue
-        info = table.get(pid)
-        if info is None:
-            skip(pid, 'listed by nvidia-smi but not visible in /proc (another PID namespace, or a stale listing); '
-                      'run the task in the host PID namespace (on the host or with --pid=host)', holder)
-            continue
-        if info.exited:
-            skip(pid, 'already exited (zombie, not yet reaped by its parent %d); its memory is being released' % info.ppid,
-                 holder)
-            continue
-        reason = never_signal_reason(info, ctx)
-        if reason:
-            skip(pid, reason, holder)
-            continue
-        if ctx.device_fds is not None:
-            fds = ctx.device_fds(pid)
-            if fds is not None and not fds:
-                skip(pid, 'has no GPU device file open although nvidia-smi lists it: the PID probably names another '
-                          'process in this PID namespace; run the task in the host PID namespace', holder)
+    def take_explicit(self, explicit_pids):
+        for pid in explicit_pids:
+            info = self.table.get(pid)
+            if info is None:
+                self.skip(pid, 'pids: not running')
                 continue
-        root, how, notes = choose_root(table, pid, ctx)
-        if ctx.match_res and not (matches_any(info, ctx.match_res) or matches_any(table[root], ctx.match_res)):
-            skip(pid, 'neither it nor its root %d matches the match patterns' % root, holder)
-            continue
-        for note in notes:
-            skip(note['pid'], note['reason'])
-        add_root(root, how)
-        if how.startswith('main process of '):
-            unit_paths[root] = unit_cgroup(info, ctx)
-        if root != pid:
-            # A holder outside its root's tree (reparented) is not torn down by the root: it gets the first signal.
-            targets.setdefault(pid, entry(pid, 'holder', root, first=root not in procfs.ancestors(table, pid)))
-        elif how.startswith('holder itself'):
-            orphans.append(pid)
+            if info.exited:
+                self.skip(pid, 'pids: already exited (zombie, waiting for its parent %d)' % info.ppid)
+                continue
+            refusal = root_refusal(info, self.ctx)
+            if refusal:
+                self.skip(pid, 'pids: refused: %s' % refusal)
+                continue
+            if not matches_any(info, self.ctx.match_res):
+                self.skip(pid, 'pids: does not match the match patterns')
+                continue
+            self.add_root(pid, 'explicit in pids')
 
-    def take_member(pid, root, how):
-        if pid in targets:
+    def holder_refusal(self, pid):
+        """Why the GPU holder ``pid`` cannot be signalled, or None."""
+        info = self.table.get(pid)
+        if info is None:
+            return ('listed by nvidia-smi but not visible in /proc (another PID namespace, or a stale listing); '
+                    'run the task in the host PID namespace (on the host or with --pid=host)')
+        if info.exited:
+            return 'already exited (zombie, not yet reaped by its parent %d); its memory is being released' % info.ppid
+        reason = never_signal_reason(info, self.ctx)
+        if reason:
+            return reason
+        if self.ctx.device_fds is not None:
+            fds = self.ctx.device_fds(pid)
+            if fds is not None and not fds:
+                return ('has no GPU device file open although nvidia-smi lists it: the PID probably names another '
+                        'process in this PID namespace; run the task in the host PID namespace')
+        return None
+
+    def take_holders(self):
+        table, ctx = self.table, self.ctx
+        for pid in sorted(self.holders, key=lambda p: (p is None, p or 0)):
+            holder = self.holders[pid]
+            if pid is None:
+                self.skip(None, 'nvidia-smi listed a process without a PID; it cannot be signalled', holder)
+                continue
+            refusal = self.holder_refusal(pid)
+            if refusal:
+                self.skip(pid, refusal, holder)
+                continue
+            info = table[pid]
+            root, how, notes = choose_root(table, pid, ctx)
+            if ctx.match_res and not (matches_any(info, ctx.match_res) or matches_any(table[root], ctx.match_res)):
+                self.skip(pid, 'neither it nor its root %d matches the match patterns' % root, holder)
+                continue
+            for note in notes:
+                self.skip(note['pid'], note['reason'])
+            self.add_root(root, how)
+            if how.startswith('main process of '):
+                self.unit_paths[root] = unit_cgroup(info, ctx)
+            if root != pid:
+                # A holder outside its root's tree (reparented) is not torn down by the root: it gets the first signal.
+                self.targets.setdefault(pid, self.entry(pid, 'holder', root, first=root not in procfs.ancestors(table, pid)))
+            elif how.startswith('holder itself'):
+                self.orphans.append(pid)
+
+    def take_member(self, pid, root, how):
+        if pid in self.targets:
             return
-        info = table.get(pid)
+        info = self.table.get(pid)
         if info is None or info.exited:
             return
-        reason = member_refusal(info, ctx)
+        reason = member_refusal(info, self.ctx)
         if reason:
-            if pid not in [e['pid'] for e in skipped]:
-                skip(pid, '%s but not signalled: %s' % (how, reason), target_holders.get(pid))
+            if pid not in [e['pid'] for e in self.skipped]:
+                self.skip(pid, '%s but not signalled: %s' % (how, reason), self.holders.get(pid))
             return
-        role = 'holder' if pid in target_holders else 'member'
-        targets[pid] = entry(pid, role, root, how, first=True)
+        role = 'holder' if pid in self.holders else 'member'
+        self.targets[pid] = self.entry(pid, role, root, how, first=True)
 
-    for root in list(roots):
-        members, refused = tree_members(table, root, ctx, kids)
-        for pid in members:
-            if pid in targets:
-                continue
-            holder = target_holders.get(pid) or {}
-            targets[pid] = entry(pid, 'holder' if holder else 'descendant', root)
-        for pid, reason in refused:
-            if pid not in targets:
-                skip(pid, 'in the tree of root %d but not signalled: %s' % (root, reason), target_holders.get(pid))
-        for pid, how in server_members(table, root, ctx, kids, unit_paths.get(root)):
-            take_member(pid, root, how)
-    for pid in orphans:
-        for member, how in orphan_members(table, pid):
-            take_member(member, pid, how)
-    return {'roots': roots, 'targets': targets, 'skipped': skipped}
+    def take_members(self):
+        for root in list(self.roots):
+            members, refused = tree_members(self.table, root, self.ctx, self.kids)
+            for pid in members:
+                if pid in self.targets:
+                    continue
+                holder = self.holders.get(pid) or {}
+                self.targets[pid] = self.entry(pid, 'holder' if holder else 'descendant', root)
+            for pid, reason in refused:
+                if pid not in self.targets:
+                    self.skip(pid, 'in the tree of root %d but not signalled: %s' % (root, reason), self.holders.get(pid))
+            for pid, how in server_members(self.table, root, self.ctx, self.kids, self.unit_paths.get(root)):
+                self.take_member(pid, root, how)
+        for pid in self.orphans:
+            for member, how in orphan_members(self.table, pid):
+                self.take_member(member, pid, how)
 
 
 def _leaders(info):

@@ -285,11 +285,20 @@ class Launcher(object):
 
     def plan(self):
         """Render what this launch runs; fills ``blockers`` instead of raising."""
-        p = self.p
         try:
             versions.rule_version(self.version)
         except ValueError as exc:
             self.blockers.append("version: %s" % exc)
+        args = self._split_secrets()
+        self._place(args)
+        self._render(args)
+        self._find_python()
+        self._identify()
+        return self.blockers
+
+    def _split_secrets(self):
+        """Secret env variables and args apart from the others (they go to a 0600 file, never to argv)."""
+        p = self.p
         for key, value in (p["env"] or {}).items():
             key = str(key)
             value = "" if value is None else str(value)
@@ -319,6 +328,11 @@ class Launcher(object):
             if any(ch in str(value) for ch in "\r\n\0"):
                 self.blockers.append("a secret value (API key or secret env variable) contains a newline or NUL byte, which "
                                      "no HTTP header and no config file can carry; fix sglang_server_api_key / sglang_server_env")
+        return args
+
+    def _place(self, args):
+        """The port and host the server binds (the options win over args only when they agree)."""
+        p = self.p
         if p["port"] is not None:
             if "port" in args and str(args["port"]) != str(p["port"]):
                 self.blockers.append("port=%s conflicts with args.port=%s; give one of them" % (p["port"], args["port"]))
@@ -336,6 +350,10 @@ class Launcher(object):
         self.host = str(args.get("host") or DEFAULT_HOST)
         self.url = base_url(self.host, self.port)
         self.args = args
+
+    def _render(self, args):
+        """The server's flags; the secrets through the 0600 --config file where the release has one."""
+        p = self.p
         try:
             self.flags = list(render.to_argv(args, self.version, secrets="omit"))
         except ValueError as exc:
@@ -359,6 +377,10 @@ class Launcher(object):
                     "SGLang %s has no --config option (added in 0.5.10), so %s would have to go on the command line where "
                     "ps shows it; upgrade SGLang, or set allow_api_key_in_argv=true to accept that"
                     % (self.version, ", ".join(sorted(self.secret_args))))
+
+    def _find_python(self):
+        """The interpreter (a path, or a name found on the server's PATH) and the argv it runs."""
+        p = self.p
         python = self.python
         if self.manager == "process" or "/" not in python:
             if "/" in python:
@@ -375,6 +397,10 @@ class Launcher(object):
                 self.blockers.append("chdir: %s is not a directory" % p["chdir"])
         self.python_path = python
         self.argv = [python, "-m", "sglang.launch_server"] + self.flags
+
+    def _identify(self):
+        """The launch's identity and fingerprint, and the unit text that carries the fingerprint."""
+        p = self.p
         salt = identity.read_salt(self.state_dir, create=False)
         all_args = dict(self.args)
         all_args.update(self.secret_args)
@@ -392,7 +418,6 @@ class Launcher(object):
                                                       p["user"], p["group"], env_files, p["stop_timeout"], p["chdir"])
             except ValueError as exc:
                 self.blockers.append("unit: %s" % exc)
-        return self.blockers
 
     def refingerprint(self, salt):
         """Recompute the identity with the node's salt (made at the first real launch)."""
