@@ -20,8 +20,8 @@ description:
   - Every holder of the target GPUs is classified as C(managed) (the managed server, by its PID file,
     unit, session or recorded session), C(adopted) (the unrecorded server on the managed port, or one
     named by O(adopt_pids) or O(adopt_patterns)), C(orphan) (a leftover whose session leader is gone),
-    C(system) (a GPU daemon), C(watcher) (a monitoring agent: it only has the device files open, nvidia-smi lists
-    no compute context of it on the target GPUs and their memory is accounted for by listed processes; never
+    C(system) (a GPU daemon), C(watcher) (a monitoring agent that only has the device files open, with no compute
+    context listed by nvidia-smi on the target GPUs, whose memory the listed processes account for; never
     signalled, never blocking, see docs/reference/gpu-watchers.md) or C(foreign). A foreign holder fails the
     preflight, naming its PID, user, command line (secrets masked) and ports, unless O(allow_foreign=true).
   - Secrets in O(args) (a secret-named field, a password or token in a URL) are masked in every output from the
@@ -331,7 +331,7 @@ problems:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import plan as plan_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 
 
 def argument_spec():

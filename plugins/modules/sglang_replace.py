@@ -159,7 +159,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 torn_down:
-  description: Whether the old server was stopped (or there was none): the drain signalled something or finished.
+  description: Whether the old server was stopped (or there was none), that is the drain signalled something or finished.
   returned: always
   type: bool
 touched:
@@ -214,9 +214,10 @@ rollback:
   type: dict
 node_state:
   description:
-    - What runs on the node when the module ends, in words; after a failure it is read from the node (RV(node)), for
-      example V(the old server still serves: PID 4218 listens on port 30000 and /health answers 200; GPU 0,1 open by
-      the old server's PIDs 4235,4236) or V(no server: nothing listens on port 30000; no process has GPU 0,1 open).
+    - What runs on the node when the module ends, in words; after a failure it is read from the node (RV(node)).
+    - "For example: V(the old server still serves: PID 4218 listens on port 30000 and /health answers 200; GPU 0,1
+      open by the old server's PIDs 4235,4236) or V(no server: nothing listens on port 30000; no process has GPU 0,1
+      open)."
   returned: always
   type: str
 steps:
@@ -236,7 +237,7 @@ timings:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import replace as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import replace as engine
 
 
 def main():

@@ -1,4 +1,4 @@
-"""sglang_preflight (plugins/module_utils/plan.py, preflight.py): ``main()`` run in-process
+"""sglang_preflight (plugins/module_utils/redeploy/preflight.py, preflight.py): ``main()`` run in-process
 (``patch_module_args``) against a simulated 2 x H200 node (``simulator/bin/nvidia-smi`` on a tmp
 ``GPUSIM_ROOT``, the node's device files passed as ``device_paths``), with the collection's mirror
 resolving the args (``resolution: mirror``; the node-side oracle has its own tests).
@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from redeploy_testlib import NVIDIA_SMI, SIM_PY, node_context, run_module, starttime  # noqa: E402 - after sys.path
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import plan as plan_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_preflight as pf
 
 SECRET = "s3cret-preflight-91ab"
@@ -200,13 +200,13 @@ def test_check_mode_plans_without_a_lease_or_journal(node, run):
 
 
 def test_auto_backend_falls_back_to_nvidia_smi(node, run, monkeypatch):
-    monkeypatch.setattr(plan_mod.gpu_query, "pynvml", None)
+    monkeypatch.setattr(plan_mod.gpu_backends, "pynvml", None)
     res = run(backend="auto", check=True)
     assert res["problems"] == [] and res["node"]["backend"] == "nvidia-smi"
 
 
 def test_nvml_backend_unavailable_fails(node, run, monkeypatch):
-    monkeypatch.setattr(plan_mod.gpu_query, "pynvml", None)
+    monkeypatch.setattr(plan_mod.gpu_backends, "pynvml", None)
     res = run(backend="nvml", check=True)
     assert res["failed"] is True
     assert res["problems"][0] == "backend=nvml cannot be used: the pynvml module (nvidia-ml-py) is not installed"
@@ -236,11 +236,28 @@ def test_an_api_key_that_no_header_can_carry(node, run, key):
 
 
 def test_keys_in_args_are_refused_naming_the_variable_to_use(node, run):
-    res = run(args={"model_path": node.model, "port": node.port, "admin_api_key": "adm-in-args"})
+    """Each secret form in the args is refused by field with its fix (there is no sglang_server_admin_api_key: the old
+    message named it), and none of the values is in the result (at -vvv its invocation is masked too: no_log values)."""
+    values = {"api_key": "sk-in-args-1", "admin_api_key": "adm-in-args-2", "hf_token": "hf_in_args_3",
+              "encoder_urls": ["http://enc:urlpw-in-args-4@127.0.0.1:9/"]}
+    res = run(args=dict({"model_path": node.model, "port": node.port}, **values))
     assert res["failed"] is True
-    assert ("sglang_server_args.admin_api_key: put the key in sglang_server_admin_api_key instead (a no_log variable that goes "
-            "into the 0600 --config file); args are shown in plans and reports") in res["problems"]
-    assert "adm-in-args" not in json.dumps(res)
+    problems = " | ".join(res["problems"])
+    for text in ("sglang_server_args.api_key: put the key in sglang_server_api_key instead",
+                 "sglang_server_args.admin_api_key: this collection runs the server with sglang_server_api_key only",
+                 "sglang_server_args.hf_token: SGLang takes no such flag; it reads the Hugging Face token from the "
+                 "environment: set HF_TOKEN in sglang_server_env",
+                 "sglang_server_args.encoder_urls: holds a URL with credentials"):
+        assert text in problems, (text, problems)
+    dumped = json.dumps(res)
+    for secret in ("sk-in-args-1", "adm-in-args-2", "hf_in_args_3", "urlpw-in-args-4"):
+        assert secret not in dumped
+
+
+def test_a_secret_field_that_is_passed_on_is_named_never_shown(node, run):
+    res = run(check=True, args={"model_path": node.model, "port": node.port, "ssl_keyfile_password": "keypw-in-args-5"})
+    assert res["problems"] == [] and res["plan"]["private_args"] == ["ssl_keyfile_password"]
+    assert "keypw-in-args-5" not in json.dumps(res)
 
 
 def test_model_problems_name_the_variable(node, run):
@@ -629,7 +646,7 @@ def test_directory_owner_without_a_name_on_the_node(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------
-# Bugs found by these tests (they fail until the fix in plugins/module_utils/plan.py / launcher.py)
+# Bugs found by these tests (they fail until the fix in plugins/module_utils/redeploy/preflight.py / launcher.py)
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("port", [0, 70000, -1])
