@@ -27,7 +27,7 @@ description:
   - Secrets in O(args) (a secret-named field, a password or token in a URL) are masked in every output from the
     start. Refused, naming the field and the fix, are C(api_key) (use O(api_key)), C(admin_api_key), C(hf_token) (the
     environment's C(HF_TOKEN)) and credentials in a URL. Other secret fields (C(ssl_keyfile_password)) are passed
-    on, and RV(plan.private_args) names them for M(gpufleet.sglang.sglang_replace).
+    on, and C(plan.private_args) names them for M(gpufleet.sglang.sglang_replace).
   - Checks, without changing them, that the config, state and log directories are writable and have
     room (a small probe file, removed at once).
   - Resolves the server args as the node's SGLang will (O(resolution)), then decides the plan's action

@@ -174,7 +174,7 @@ failed_step:
   type: str
 reason:
   description:
-    - Why the run failed, as a code for the roles (they never parse RV(msg)); V(nothing_touched), V(teardown_failed),
+    - Why the run failed, as a code for the roles (they never parse the message); V(nothing_touched), V(teardown_failed),
       V(launch_failed), V(stop_failed), V(weights_failed), V(interrupted) or V(lease_lost).
   returned: on failure
   type: str
