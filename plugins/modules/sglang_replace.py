@@ -175,7 +175,8 @@ failed_step:
 reason:
   description:
     - Why the run failed, as a code for the roles (they never parse the message); V(nothing_touched), V(teardown_failed),
-      V(launch_failed), V(stop_failed), V(weights_failed), V(interrupted) or V(lease_lost).
+      V(launch_failed), V(stop_failed), V(weights_failed), V(interrupted), V(lease_lost) or V(no_known_good) (O(target=known_good)
+      and the node has no known-good record).
   returned: on failure
   type: str
 node:

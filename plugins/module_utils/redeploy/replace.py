@@ -41,7 +41,11 @@ TARGETS = ("candidate", "known_good")
 # teardown changed something and then failed, the candidate (or the known-good relaunch) failed, the failed candidate
 # could not be stopped, a weight update failed, a signal stopped the module, the lease was lost.
 REASONS = ("nothing_touched", "teardown_failed", "launch_failed", "stop_failed", "weights_failed", "interrupted",
-           "lease_lost")
+           "lease_lost", "no_known_good")
+
+
+class NoKnownGood(launch_mod.LaunchError):
+    """The known-good record that a rollback (target known_good) launches or updates back to does not exist."""
 
 
 # The signal that stops a step (SIGTERM, SIGINT, SIGHUP), shared with sglang_promote's smoke gate.
@@ -273,7 +277,7 @@ class Replace(object):
         wp = dict((k, v) for k, v in (p["weights"] or {}).items() if v not in (None, ""))
         params = self.launch_params(p["target"])
         if params is None:
-            raise launch_mod.LaunchError("there is no known-good config to update back to")
+            raise NoKnownGood("there is no known-good config to update back to")
         launcher = launch_mod.Launcher(self.module, params)
         blockers = launcher.plan()
         self.secrets.extend(launcher.secrets)
@@ -475,8 +479,8 @@ class Replace(object):
                 if p["phase"] in ("all", "launch"):
                     params = self.launch_params(p["target"])
                     if params is None:
-                        raise launch_mod.LaunchError("there is no known-good config to launch under %s" %
-                                                     launch_mod.known_good_dir(self.config_dir))
+                        raise NoKnownGood("there is no known-good config to launch under %s" %
+                                          launch_mod.known_good_dir(self.config_dir))
                     probe = launch_mod.Launcher(self.module, params, check_mode=True)
                     blockers = probe.plan()
                     if blockers:
@@ -548,7 +552,8 @@ class Replace(object):
         if not self.result["touched"]:
             # Nothing was signalled, stopped or started (the checks before the teardown, or a drain that failed before its
             # first signal): a preflight-like failure. No rollback: there is nothing to roll back.
-            self.result["reason"] = "weights_failed" if p["phase"] == "weights" else "nothing_touched"
+            self.result["reason"] = ("no_known_good" if isinstance(exc, NoKnownGood)
+                                     else "weights_failed" if p["phase"] == "weights" else "nothing_touched")
             self.observe()
             where = "before the teardown" if self.step is None else "%s failed before it changed anything" % self.part
             self.record_failure(journal_mod.FAILED, "%s: %s; nothing was touched" % (where, msg), settled=True)
