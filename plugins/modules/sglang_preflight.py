@@ -251,6 +251,22 @@ plan:
   returned: always
   type: dict
   contains:
+    spec:
+      description:
+        - The one launch spec, built here once (C(name), C(version), C(manager), C(unit), C(unit_dir), C(python),
+          C(args) after resolution, C(env) with C(CUDA_VISIBLE_DEVICES), C(chdir), C(user), C(group),
+          C(environment_file), C(config_dir), C(state_dir), C(log_file)); secret values masked, the API key left out.
+        - The deploy hands it to M(gpufleet.sglang.sglang_replace) with RV(plan.spec_fingerprint).
+      returned: always
+      type: dict
+    spec_fingerprint:
+      description: The launch's fingerprint (its identity's digest; secrets enter as salted digests).
+      returned: always
+      type: str
+    spec_identity:
+      description: What the fingerprint is made of, field by field (secrets as salted digests), so that a refused spec names the fields.
+      returned: always
+      type: dict
     action:
       description:
         - V(none) (the healthy server runs the promoted intended config), V(weights) (only the checkpoint changes,

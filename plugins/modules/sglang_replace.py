@@ -59,6 +59,14 @@ options:
         C(adjustments), C(check_config), C(allow_api_key_in_argv), C(record_extra)).
     type: dict
     required: true
+  planned:
+    description:
+      - What the preflight planned, C(fingerprint) (its RV(gpufleet.sglang.sglang_preflight#module:plan.spec_fingerprint))
+        and C(identity) (RV(gpufleet.sglang.sglang_preflight#module:plan.spec_identity)).
+      - With a fingerprint, a candidate launch (O(target=candidate)) whose own fingerprint differs is refused before
+        anything is touched (RV(reason) V(spec_mismatch)), naming the fields that differ.
+    type: dict
+    default: {}
   api_key:
     description: The server's API key (never on the command line; it goes into the 0600 C(--config) file).
     type: str
@@ -175,8 +183,8 @@ failed_step:
 reason:
   description:
     - Why the run failed, as a code for the roles (they never parse the message); V(nothing_touched), V(teardown_failed),
-      V(launch_failed), V(stop_failed), V(weights_failed), V(interrupted), V(lease_lost) or V(no_known_good) (O(target=known_good)
-      and the node has no known-good record).
+      V(launch_failed), V(stop_failed), V(weights_failed), V(interrupted), V(lease_lost), V(no_known_good) (O(target=known_good)
+      and the node has no known-good record) or V(spec_mismatch) (the launch is not the one O(planned) names).
   returned: on failure
   type: str
 node:
@@ -258,6 +266,7 @@ def main():
             rollback=dict(type="bool", default=False),
             run_id=dict(type="str", required=True),
             lease=dict(type="dict", default={}),
+            planned=dict(type="dict", default={}),
         ),
         supports_check_mode=False,
     )

@@ -461,6 +461,57 @@ def test_concurrent_runs_meet_on_the_lock(node):
     assert good_server_running(node, exact=False) == pid
 
 
+DRIFT_PLAYBOOK = """
+- name: The server role's preflight and deploy, with a variable changed between the two
+  hosts: all
+  gather_facts: false
+  environment: "{{ sglang_node_environment | default({}) }}"
+  tasks:
+    - name: Preflight
+      ansible.builtin.include_role:
+        name: gpufleet.sglang.sglang_server
+        tasks_from: preflight.yml
+    - name: Change variables after the preflight
+      no_log: true
+      ansible.builtin.set_fact:
+        sglang_server_api_key: "{{ drift_api_key | default(sglang_server_api_key) }}"
+        sglang_server_env: "{{ sglang_server_env | combine({'NCCL_DEBUG': 'INFO'}) }}"
+    - name: Deploy
+      ansible.builtin.include_role:
+        name: gpufleet.sglang.sglang_server
+        tasks_from: deploy.yml
+"""
+
+
+def test_the_launch_is_the_one_the_preflight_planned(node, tmp_path):
+    """One launch spec, built by the preflight, handed over with its fingerprint (issue 23): a variable that changes
+    between the preflight and the deploy either does not reach the launch (the spec is the preflight's), or, where
+    it does (the API key travels as its own no_log option), is refused before the teardown."""
+    old = ensure_deployed(node)
+    playbook = tmp_path / "drift.yml"
+    playbook.write_text(DRIFT_PLAYBOOK)
+    refused = node.run(str(playbook), extravars={"sglang_server_force": True, "drift_api_key": "sk-drift-7f3a0c"})
+    assert refused.rc != 0
+    res = refused.task_result("Replace the server in one module run, candidate all")
+    assert res["failed"] is True and res["reason"] == "spec_mismatch" and res["touched"] is False, res.get("msg")
+    assert "is not the one the preflight planned" in res["msg"] and "it differs in args.api_key" in res["msg"]
+    assert res["signalled"] == []
+    assert "sk-drift-7f3a0c" not in refused.everything()
+    # Nothing was touched: the old server serves on, with its key.
+    assert node.server_pid() == old and alive(old) and node.health() == 200
+    assert http_get(node.url + "/server_info", api_key=node.api_key)[0] == 200
+
+    # The same change of sglang_server_env alone: the deploy launches the preflight's spec, not the changed variable.
+    launched = node.run(str(playbook), extravars={"sglang_server_force": True})
+    assert launched.rc == 0, launched.summary()
+    pid = launched.task_result("Replace the server in one module run, candidate all")["launch"]["pid"]
+    assert pid != old and alive(pid)
+    assert "NCCL_DEBUG=INFO" not in environ_of(pid).split("\0")
+    # Back to a promoted known-good server for the tests that follow (the role alone does not promote).
+    again = node.run(extravars={"sglang_redeploy_force": True})
+    assert again.rc == 0 and again.row()["status"] == "deployed", again.summary()
+
+
 def read_json(path):
     try:
         return json.loads(path.read_text())

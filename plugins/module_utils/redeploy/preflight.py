@@ -124,6 +124,11 @@ class Preflight(object):
             "log_file": p["log_file"],
         }
 
+    def spec(self, args, manager):
+        """The launch spec the deploy hands to sglang_replace: :meth:`launch_params` without the API key (a
+        secret, passed as its own no_log option; the fingerprint covers it as a salted digest)."""
+        return dict((k, v) for k, v in self.launch_params(args, manager).items() if k != "api_key")
+
     # ------------------------------------------------------------------
     def resolve(self, gpu):
         p = self.p
@@ -521,6 +526,13 @@ class Preflight(object):
             "action": decision["action"], "why": decision["why"], "recovering": decision["recovering"],
             "interrupted": decision["interrupted"], "target_gpus": list(p["gpus"]), "manager": manager,
             "url": launcher.url, "argv": launcher.masked(launcher.argv), "fingerprint": launcher.fp,
+            # The one launch spec (args after resolution, env, manager, unit, files), built here once: the deploy hands
+            # it to sglang_replace with the fingerprint, and sglang_replace refuses, before the teardown, a spec that
+            # is not the one planned (a variable changed between the two, an edited plan).
+            "spec": self.spec(args, manager),
+            "spec_fingerprint": launcher.fp,
+            # What the fingerprint is made of (secrets as salted digests), so that a refused spec names the fields.
+            "spec_identity": launcher.identity,
             "differences": identity.differences(running_identity, launcher.identity) if running_identity else [],
             "running": found["running"], "port_owner": found["port_owner"], "holders": found["holders"],
             "teardown_pids": found["teardown_pids"], "expected_pids": found["expected_pids"],

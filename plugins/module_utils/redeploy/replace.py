@@ -22,6 +22,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
@@ -41,7 +42,7 @@ TARGETS = ("candidate", "known_good")
 # teardown changed something and then failed, the candidate (or the known-good relaunch) failed, the failed candidate
 # could not be stopped, a weight update failed, a signal stopped the module, the lease was lost.
 REASONS = ("nothing_touched", "teardown_failed", "launch_failed", "stop_failed", "weights_failed", "interrupted",
-           "lease_lost", "no_known_good")
+           "lease_lost", "no_known_good", "spec_mismatch")
 
 
 class NoKnownGood(launch_mod.LaunchError):
@@ -50,6 +51,10 @@ class NoKnownGood(launch_mod.LaunchError):
 
 # The signal that stops a step (SIGTERM, SIGINT, SIGHUP), shared with sglang_promote's smoke gate.
 Interrupted = journal_mod.Interrupted
+
+
+class SpecMismatch(launch_mod.LaunchError):
+    """The launch handed over is not the one the preflight planned (its fingerprint differs)."""
 
 
 class ReplaceFailed(Exception):
@@ -127,6 +132,19 @@ class Replace(object):
         """Called while waiting: fail fast when the lease was taken over."""
         if self.keepalive is not None:
             self.keepalive.check()
+
+    def check_planned(self, probe):
+        """Refuse, before anything is touched, a candidate launch that is not the one the preflight planned."""
+        planned = self.p.get("planned") or {}
+        if self.p["target"] != "candidate" or not planned.get("fingerprint") or probe.fp == planned["fingerprint"]:
+            return
+        fields = [d["field"] for d in identity.differences(planned.get("identity"), probe.identity)] \
+            if planned.get("identity") else []
+        raise SpecMismatch("the launch handed to sglang_replace is not the one the preflight planned (fingerprint %s, "
+                           "planned %s%s): something changed between the two (a variable, an edited plan). Run the "
+                           "redeploy again, so that one preflight plans what is launched"
+                           % (probe.fp, planned["fingerprint"],
+                              "; it differs in %s" % ", ".join(fields) if fields else ""))
 
     def touch(self):
         """This run changed what runs on the node (a signal, a stopped unit, a started server)."""
@@ -476,7 +494,7 @@ class Replace(object):
                     return self.verify_running()
                 if p["phase"] == "weights":
                     return self.update_weights()
-                if p["phase"] in ("all", "launch"):
+                if p["phase"] in ("all", "launch") or (p["phase"] == "teardown" and p.get("planned")):
                     params = self.launch_params(p["target"])
                     if params is None:
                         raise NoKnownGood("there is no known-good config to launch under %s" %
@@ -486,6 +504,7 @@ class Replace(object):
                     if blockers:
                         raise launch_mod.LaunchError("the %s config cannot be launched: %s"
                                                      % (label, "; ".join(blockers)))
+                    self.check_planned(probe)
                 if p["phase"] in ("all", "teardown"):
                     if p["target"] == "known_good":
                         pids = [str(x) for x in (p["teardown"] or {}).get("pids") or []]
@@ -553,6 +572,7 @@ class Replace(object):
             # Nothing was signalled, stopped or started (the checks before the teardown, or a drain that failed before its
             # first signal): a preflight-like failure. No rollback: there is nothing to roll back.
             self.result["reason"] = ("no_known_good" if isinstance(exc, NoKnownGood)
+                                     else "spec_mismatch" if isinstance(exc, SpecMismatch)
                                      else "weights_failed" if p["phase"] == "weights" else "nothing_touched")
             self.observe()
             where = "before the teardown" if self.step is None else "%s failed before it changed anything" % self.part

@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import sys
 
@@ -31,6 +32,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import replace as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_promote
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_replace
 
@@ -193,6 +195,64 @@ def test_known_good_target_without_a_record_touches_nothing(node, monkeypatch):
     assert res["failed"] is True and "there is no known-good config to launch under %s" % (node.config_dir / "known-good") in res["msg"]
     assert res["torn_down"] is False and alive(old)
     assert node.journal()["step"] == journal_mod.FAILED
+
+
+class _Ctx(object):
+    """The few AnsibleModule methods the launch engine calls, for planning a launch outside a module run."""
+    no_log_values = set()
+
+    def warn(self, msg):
+        pass
+
+    def get_bin_path(self, name, required=False, opt_dirs=None):
+        return shutil.which(name)
+
+    def run_command(self, argv, **kwargs):
+        raise AssertionError("planning runs nothing: %r" % (argv,))
+
+
+def _planned(node, launch):
+    """What a preflight would plan for ``launch`` with the test's API key (fingerprint and identity)."""
+    probe = launch_mod.Launcher(_Ctx(), dict(launch, api_key=API_KEY), check_mode=True)
+    assert probe.plan() == []
+    return {"fingerprint": probe.fp, "identity": probe.identity}
+
+
+def test_the_planned_launch_is_launched(node, monkeypatch):
+    old = node.hold([0], 1000, "--name", "old-server")
+    launch = node.launch()
+    res = replace(node, monkeypatch, pids=[old], launch=launch, planned=_planned(node, launch))
+    assert res["failed"] is False, res.get("msg")
+    assert node.state()["fingerprint"] == _planned(node, launch)["fingerprint"]
+
+
+@pytest.mark.parametrize("drift", ["env", "args", "api_key"])
+def test_a_launch_that_is_not_the_planned_one_is_refused_before_the_teardown(node, monkeypatch, drift):
+    old = node.hold([0], 1000, "--name", "old-server")
+    planned = _planned(node, node.launch())
+    if drift == "env":
+        res = replace(node, monkeypatch, pids=[old], launch=node.launch(env=node.server_env(NCCL_DEBUG="INFO")),
+                      planned=planned)
+        field = "env.NCCL_DEBUG"
+    elif drift == "args":
+        res = replace(node, monkeypatch, pids=[old], launch=node.launch(args={"mem_fraction_static": 0.7}), planned=planned)
+        field = "args.mem_fraction_static"
+    else:
+        res = replace(node, monkeypatch, pids=[old], launch=node.launch(), planned=planned, api_key=OTHER_KEY)
+        field = "args.api_key"
+    assert res["failed"] is True and res["reason"] == "spec_mismatch" and res["touched"] is False
+    assert "is not the one the preflight planned" in res["msg"] and "it differs in %s" % field in res["msg"], res["msg"]
+    assert API_KEY not in res["msg"] and OTHER_KEY not in res["msg"]
+    assert res["signalled"] == [] and alive(old)
+    assert node.journal()["step"] == journal_mod.FAILED
+    assert not (node.config_dir / "candidate" / "server.json").exists()
+
+
+def test_the_planned_check_spares_the_rollback(node, monkeypatch):
+    """A known-good relaunch is the record's config, not the candidate's plan: no refusal."""
+    pid = deployed(node, monkeypatch)
+    res = replace(node, monkeypatch, run_id="R2", pids=[pid], target="known_good", planned={"fingerprint": "0" * 16})
+    assert res["failed"] is False, res.get("msg")
 
 
 def test_teardown_failure_is_not_a_rollback_and_says_so(node, monkeypatch):
