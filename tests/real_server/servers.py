@@ -158,7 +158,7 @@ def launch(kind, registry, node, log_path, model, args=(), env=None, port=None, 
     srv.argv = [python, "-m", "sglang.launch_server"] + full + ["--port", str(port)]
     srv._log = open(srv.log_path, "wb")
     srv.proc = subprocess.Popen(srv.argv, stdout=srv._log, stderr=subprocess.STDOUT, env=full_env, cwd=str(REPO),
-                                start_new_session=False)
+                                start_new_session=True)  # its own session, as a server started from a login shell or a unit
     srv.pid = srv.proc.pid
     registry.add(srv.pid)
     return srv
