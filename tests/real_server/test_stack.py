@@ -75,7 +75,9 @@ def test_a_real_server_holds_the_simulated_gpu_and_the_collections_drain_takes_i
     assert len(scheduler) == 1, titles
     # nvidia-smi (the simulator's) lists the real scheduler's PID, and only it.
     apps = fleet.node.compute_apps()
-    assert [a["pid"] for a in apps] == scheduler and apps[0]["mib"] > 1000
+    assert [a["pid"] for a in apps] == scheduler
+    resolved = srv.request("/server_info").json()["mem_fraction_static"]
+    assert apps[0]["mib"] == int(resolved * fleet.node.gpus()[0]["total"])   # mem_fraction_static x total
     fds = [os.readlink("/proc/%d/fd/%s" % (scheduler[0], fd)) for fd in os.listdir("/proc/%d/fd" % scheduler[0])]
     assert os.path.join(fleet.node.root, "dev", "nvidia0") in fds
     # The collection's drain finds the holder, walks to the server's root and signals it; the GPU proof follows.

@@ -19,7 +19,8 @@ it spawns (multiprocessing's spawn starts a fresh interpreter). It never goes on
 2. **The simulated GPUs** (only where ``GPUSIM_ROOT`` names a node): when a process takes
    the title ``sglang::scheduler...`` (SGLang's ``configure_scheduler_process``), it opens
    the node's device files (``/dev/nvidia<N>``, ``nvidiactl``, ``nvidia-uvm`` under
-   ``$GPUSIM_ROOT/dev``) and registers ``mem_fraction_static x total`` MiB on its GPU
+   ``$GPUSIM_ROOT/dev``) and registers ``mem_fraction_static x total`` MiB (the resolved
+   value, 0.716 on the CPU) on its GPU
    (``gpu_id`` of the scheduler, through ``CUDA_VISIBLE_DEVICES``) with ``gpusim``, as a
    CUDA context and SGLang's static pool do: ``nvidia-smi`` then lists the real scheduler's
    PID, and the memory goes when that process dies. ``GPUFLEET_REAL_SERVER_GPU_MIB``
@@ -174,6 +175,21 @@ def _gpusim_node():
 _HELD = []  # device files and hold ids, kept for the process's lifetime
 
 
+def _mem_fraction_static(server_args) -> float:
+    """The resolved --mem-fraction-static: 0.5.23 publishes it in its runtime context before the scheduler
+    takes its title (``get_schedule()``); older layouts keep it on ServerArgs."""
+    try:
+        from sglang.srt.runtime_context import get_schedule
+
+        value = get_schedule().mem_fraction_static
+    except Exception:  # noqa: BLE001 - another release's layout
+        value = getattr(server_args, "mem_fraction_static", None)
+    if not value:
+        raise RuntimeError("gpufleet real-server hooks: no resolved mem_fraction_static in the scheduler; "
+                           "set GPUFLEET_REAL_SERVER_GPU_MIB")
+    return float(value)
+
+
 def _hold_gpu(server_args, gpu_id) -> None:
     node = _gpusim_node()
     visible = node.resolve_visible(os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -185,8 +201,7 @@ def _hold_gpu(server_args, gpu_id) -> None:
     if mib:
         mib = int(mib)
     else:
-        fraction = getattr(server_args, "mem_fraction_static", None) or 0.9
-        mib = int(float(fraction) * gpu["total_mib"])
+        mib = int(_mem_fraction_static(server_args) * gpu["total_mib"])
     for name in ("nvidia%d" % index, "nvidiactl", "nvidia-uvm"):
         _HELD.append(open(os.path.join(node.dev_dir, name), "rb"))
     from gpusim.node import OutOfMemory
