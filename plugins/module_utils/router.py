@@ -57,6 +57,12 @@ EXTRA_QUEUE_KEYS = (("queues", "grammar"),
                     ("disaggregation", "decode_retracted_queue_reqs"))
 
 
+
+# How long an AddWorker job may be gone (404) while the router does not list the worker yet, before the job
+# counts as dropped: the router lists a worker only after its health check, and real SGLang's /health takes at
+# least 1 s (measured: the job was gone for 1-2 s before the worker was listed, smg 1.13.0 and sglang-router 0.3.2).
+JOB_GONE_GRACE_S = 5.0
+
 class RouterError(Exception):
     """A router or worker answer that stops the module; ``msg`` is user-facing."""
 
@@ -672,13 +678,13 @@ class RouterWorker(object):
         router = self.router
         deadline = Deadline(self.p["timeout"])
         last = "not listed yet"
-        job_gone = 0
+        gone_since = None
         workers = []
         while True:
             workers = router.list(timeout=deadline.clamp(router.request_timeout))
             found = find_workers(workers, self.url)
             if found:
-                job_gone = 0
+                gone_since = None
                 ready = [e for e in found if self.ready(e)]
                 if ready or not self.p["wait_healthy"]:
                     return (ready or found)[0], workers
@@ -692,9 +698,14 @@ class RouterWorker(object):
                               workers=_urls(workers))
                 if job_status.get("status"):
                     last = "AddWorker job %s" % job_status["status"]
-                job_gone = job_gone + 1 if status == 404 else 0
-                if job_gone >= 2:
-                    # smg 1.x drops a failed AddWorker job without a message (measured on 1.13.0).
+                if status != 404:
+                    gone_since = None
+                elif gone_since is None:
+                    gone_since = time.monotonic()
+                if gone_since is not None and (time.monotonic() - gone_since >= JOB_GONE_GRACE_S or deadline.expired()):
+                    # smg 1.x drops a failed AddWorker job without a message (measured on 1.13.0). A job that
+                    # succeeded is gone too until the router lists the worker, which waits for the worker's health
+                    # check: about 2 s behind a real SGLang server, whose /health takes 1 s or more.
                     self.fail("the router dropped the AddWorker job for %s and does not list it: its health check or "
                               "metadata discovery failed (the router's log says which). Check that the router reaches the "
                               "worker under this URL, and --worker-startup-timeout-secs." % self.url, workers=_urls(workers))
