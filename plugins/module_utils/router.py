@@ -56,12 +56,11 @@ EXTRA_QUEUE_KEYS = (("queues", "grammar"),
                     ("disaggregation", "decode_transfer_queue_reqs"),
                     ("disaggregation", "decode_retracted_queue_reqs"))
 
-
-
 # How long an AddWorker job may be gone (404) while the router does not list the worker yet, before the job
 # counts as dropped: the router lists a worker only after its health check, and real SGLang's /health takes at
 # least 1 s (measured: the job was gone for 1-2 s before the worker was listed, smg 1.13.0 and sglang-router 0.3.2).
 JOB_GONE_GRACE_S = 5.0
+
 
 class RouterError(Exception):
     """A router or worker answer that stops the module; ``msg`` is user-facing."""

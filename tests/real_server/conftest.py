@@ -18,8 +18,6 @@ import env as real_env  # noqa: E402
 import servers  # noqa: E402
 
 
-
-
 @pytest.fixture(scope="session")
 def real_python():
     return real_env.ensure()

@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 
 import env as real_env  # noqa: E402
 import sglang_helpers as sh  # noqa: E402
-from sglang_helpers import GpuNode, ProcessRegistry, alive, descendants  # noqa: E402,F401
+from sglang_helpers import GpuNode, ProcessRegistry, alive, descendants  # noqa: E402 - re-exported (__all__)
 
 KINDS = ("sim", "real")
 MODEL_SCRIPT = HERE / "model.py"
@@ -171,3 +171,7 @@ def standin_calls(server) -> list:
         return []
     with open(path) as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+__all__ = ["KINDS", "GpuNode", "Models", "ProcessRegistry", "RealServer", "Server", "alive", "descendants", "launch",
+           "standin_calls"]

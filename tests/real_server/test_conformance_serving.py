@@ -7,7 +7,6 @@ Behaviours that a CPU run cannot show are listed in simulator/README.md ("Confor
 server"), not here."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal

@@ -214,7 +214,7 @@ def _hold_gpu(server_args, gpu_id) -> None:
         raise torch.OutOfMemoryError(
             "CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity of %.2f GiB of "
             "which %.2f GiB is free." % (e.requested_mib / 1024.0, gpu_id, e.total_mib / 1024.0,
-                                        e.free_mib / 1024.0)) from None
+                                         e.free_mib / 1024.0)) from None
 
 
 def _on_title(title) -> None:

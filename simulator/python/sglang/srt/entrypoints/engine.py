@@ -37,7 +37,6 @@ import collections
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -582,9 +581,10 @@ class Engine(Measured0523, EngineMetrics):
                     "total_prefill_busy_us": 0,
                     # load_inquirer.get_decode_moment_totals: six running totals once a decode step ran (None
                     # before); the simulator gives the step count and no timings.
-                    "decode_moments": ([float(tm.decode_steps_total)] * 2 + [0.0, float(tm.decode_steps_total),
-                                                                           0.0, float(tm.decode_steps_total)]
-                                       if tm.decode_steps_total > 0 else None)}
+                    "decode_moments": (
+                        [float(tm.decode_steps_total)] * 2 + [0.0, float(tm.decode_steps_total), 0.0,
+                                                              float(tm.decode_steps_total)]
+                        if tm.decode_steps_total > 0 else None)}
             if include_set == {"core"}:
                 out.append(load)
                 continue
