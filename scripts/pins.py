@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Lock files: the whole dependency closure of each virtualenv the project builds.
 
 Every venv is installed with ``pip install -c requirements/<name>.lock ...``, so a

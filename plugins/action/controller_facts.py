@@ -7,7 +7,7 @@
 It runs in a worker process of ``ansible-playbook`` and executes no module. The worker is a fork of
 the main process, so the main process is the worker's parent: its PID and start time identify the
 controller of this run, and a node on the same machine (same boot id and PID namespace) can later
-tell whether that controller is still alive (see module_utils/lease.py).
+tell whether that controller is still alive (see module_utils/redeploy/lease.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 
 
 def controller_identity(pid=None):

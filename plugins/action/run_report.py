@@ -18,7 +18,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import write_private
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node.supervise import write_private
 
 DIR_MODE = 0o750
 FILE_MODE = 0o640

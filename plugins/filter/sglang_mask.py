@@ -47,14 +47,14 @@ _value:
   type: raw
 """
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
 
 
 def mask(value):
     """Return ``value`` with secrets masked (recursively).
 
     The rules are the collection's single implementation,
-    ``module_utils/secrets.py`` (``secrets.redact``): secret-named keys,
+    ``module_utils/common/secrets.py`` (``secrets.redact``): secret-named keys,
     secret flags in argv lists, ``key='value'``, ``--api-key VALUE``,
     ``HF_TOKEN=VALUE`` and URL tokens inside strings.
     """

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Filter ``gpufleet.sglang.sglang_pd_plan`` (documentation in ``sglang_pd_plan.yml``).
 
-The rules are in ``plugins/module_utils/pd.py``; this wrapper turns the play's hosts into the rollout's
+The rules are in ``plugins/module_utils/redeploy/pd.py``; this wrapper turns the play's hosts into the rollout's
 inputs and adds the batch rule: a layout change can only be rolled with every prefill and decode host in
 the same batch.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import pd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import pd
 
 
 def sglang_pd_plan(hosts, version="0.5.23", batch=None):

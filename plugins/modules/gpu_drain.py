@@ -49,12 +49,12 @@ description:
     with secrets masked, listening ports); with O(on_unexpected=signal) it is stopped too and a warning names it."
   - Any targeted process still running after O(kill_timeout) (for example in state C(D), stuck in the driver)
     makes the task fail with its PID, state and GPUs.
-  - This module has nothing to do with the C(nvidia-smi drain) subcommand, which sets a PCIe drain state so
+  - This module has nothing to do with the C(nvidia-smi teardown) subcommand, which sets a PCIe drain state so
     that a GPU accepts no new clients and never stops a process.
 options:
   gpus:
     description:
-      - GPUs to drain, each an index (V(3)), a UUID (V(GPU-...)) or a PCI bus id (V(00000000:18:00.0)).
+      - GPUs to teardown, each an index (V(3)), a UUID (V(GPU-...)) or a PCI bus id (V(00000000:18:00.0)).
       - An empty list means every GPU of the node.
     type: list
     elements: raw
@@ -119,9 +119,9 @@ options:
   term_timeout:
     description:
       - Seconds to wait after O(signal) before C(SIGKILL). SGLang drains its requests and then waits up to 15 s for
-        its schedulers, so leave it room.
+        its schedulers, so leave it room. The same default as the roles' C(gpu_teardown_term_timeout).
     type: float
-    default: 30
+    default: 60
   kill_timeout:
     description:
       - Seconds to wait after C(SIGKILL) for the processes to be gone.
@@ -136,7 +136,7 @@ options:
     choices: [SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2, SIGKILL]
   reset_orphaned:
     description:
-      - After the drain, reset each target GPU that still holds more than O(max_used_mib) with no process listed
+      - After the teardown, reset each target GPU that still holds more than O(max_used_mib) with no process listed
         (orphaned memory), with C(nvidia-smi --gpu-reset -i N), after waiting up to O(release_timeout) for memory
         of stopped processes to come back.
       - A GPU is reset only when the preconditions of C(nvidia-smi --gpu-reset) hold. The module runs as root; no
@@ -163,32 +163,9 @@ options:
         counts as orphaned. Killed processes release their memory after they exit, usually within seconds.
     type: float
     default: 30
-  device_paths:
-    description:
-      - fnmatch patterns (absolute) of the GPU device nodes. A holder visible in C(/proc) must have one of them open,
-        which protects against PIDs that nvidia-smi reports from another PID namespace.
-      - The roles set it from the inventory variable C(gpufleet_gpu_device_paths); a simulated node passes its own
-        device directory here.
-    type: list
-    elements: str
-    default: ['/dev/nvidia*']
-  backend:
-    description:
-      - How to read the GPUs. V(auto) uses NVML when the C(pynvml) module (nvidia-ml-py) imports and initialises,
-        otherwise nvidia-smi. GPU resets always use nvidia-smi.
-    type: str
-    default: auto
-    choices: [auto, nvidia-smi, nvml]
-  nvidia_smi:
-    description:
-      - Path of the nvidia-smi binary, or a bare command name that is searched on E(PATH).
-      - By default C(nvidia-smi) is searched on E(PATH).
-    type: path
-  command_timeout:
-    description:
-      - Seconds after which one nvidia-smi run is abandoned (through coreutils C(timeout), when installed).
-    type: float
-    default: 60
+extends_documentation_fragment:
+  - gpufleet.sglang.gpu
+  - gpufleet.sglang.gpu.command_timeout
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -206,7 +183,7 @@ notes:
   - Run it in the host PID namespace (on the host, or a container with C(--pid=host)); NVML always reports host PIDs.
   - Secrets are masked in every returned command line (C(--api-key), C(--hf-token), C(--admin-api-key), any
     secret-named flag, C(HF_TOKEN=...) words, tokens in URLs), by the collection's one set of rules.
-  - The logic lives in C(module_utils/drain.py) (C(run_drain)), which other modules run in-process.
+  - The logic lives in C(module_utils/gpu/teardown.py) (C(run_drain)), which other modules run in-process.
   - Check the GPUs afterwards with M(gpufleet.sglang.gpu_memory_assert); memory comes back some time after a
     killed process exits.
 seealso:
@@ -358,7 +335,7 @@ unexpected:
       root: 5120
       ports: [31000]
 holders:
-  description: The compute processes on the target GPUs before the drain, one entry per PID.
+  description: The compute processes on the target GPUs before the teardown, one entry per PID.
   returned: always
   type: list
   elements: dict
@@ -403,25 +380,25 @@ import copy
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 
 
 def main():
-    module = AnsibleModule(argument_spec=copy.deepcopy(drain.ARGUMENT_SPEC), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=copy.deepcopy(teardown.ARGUMENT_SPEC), supports_check_mode=True)
     try:
-        result = drain.run_drain(module.params, gpu_target.module_run(module), check_mode=module.check_mode,
-                                 warn=module.warn, which=module.get_bin_path)
-    except drain.DrainError as exc:
+        result = teardown.run_drain(module.params, gpu_target.module_run(module), check_mode=module.check_mode,
+                                    warn=module.warn, which=module.get_bin_path)
+    except teardown.DrainError as exc:
         result = dict(exc.result)
         if result.pop('missing_lib', None):
             module.fail_json(msg=missing_required_lib('nvidia-ml-py (pynvml)'),
-                             exception=str(gpu_query.PYNVML_IMPORT_ERROR), **result)
+                             exception=str(gpu_backends.PYNVML_IMPORT_ERROR), **result)
         module.fail_json(msg=exc.msg, **result)
     if module._diff:
-        result['diff'] = {'before': drain.holder_lines(result['holders']),
-                          'after': drain.holder_lines(result['remaining'])}
+        result['diff'] = {'before': teardown.holder_lines(result['holders']),
+                          'after': teardown.holder_lines(result['remaining'])}
     module.exit_json(**result)
 
 

@@ -95,33 +95,9 @@ options:
     description:
       - Message to fail with instead of the generated one (the diagnosis is returned either way).
     type: str
-  backend:
-    description:
-      - How to read the GPUs. V(auto) uses NVML when the C(pynvml) module (nvidia-ml-py) imports and initialises,
-        otherwise nvidia-smi.
-    type: str
-    default: auto
-    choices: [auto, nvidia-smi, nvml]
-  nvidia_smi:
-    description:
-      - Path of the nvidia-smi binary, or a bare command name that is searched on E(PATH).
-      - By default C(nvidia-smi) is searched on E(PATH).
-    type: path
-  device_paths:
-    description:
-      - fnmatch patterns (absolute) of the GPU device nodes, used by the diagnosis to find unlisted processes that
-        keep a GPU open.
-      - The roles set it from the inventory variable C(gpufleet_gpu_device_paths); a simulated node passes its own
-        device directory here.
-    type: list
-    elements: str
-    default: ['/dev/nvidia*']
-  command_timeout:
-    description:
-      - Seconds after which one nvidia-smi run is abandoned (through coreutils C(timeout), when installed); the poll
-        then counts as failed and the next one follows.
-    type: float
-    default: 60
+extends_documentation_fragment:
+  - gpufleet.sglang.gpu
+  - gpufleet.sglang.gpu.command_timeout
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -137,7 +113,7 @@ attributes:
 notes:
   - Memory comes back some time after a killed process exits (seconds, sometimes tens of seconds), so give
     O(timeout) room after M(gpufleet.sglang.gpu_drain).
-  - The logic lives in C(module_utils/gpu_verify.py) (C(run_assert)), which other modules run in-process.
+  - The logic lives in C(module_utils/gpu/verify.py) (C(run_assert)), which other modules run in-process.
   - Run it in the host PID namespace to get useful process details in the diagnosis.
 seealso:
   - module: gpufleet.sglang.gpu_drain
@@ -288,9 +264,10 @@ import copy
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
 
 
 def main():
@@ -302,7 +279,7 @@ def main():
         result = dict(exc.result)
         if result.pop('missing_lib', None):
             module.fail_json(msg=missing_required_lib('nvidia-ml-py (pynvml)'),
-                             exception=str(gpu_query.PYNVML_IMPORT_ERROR), **result)
+                             exception=str(gpu_backends.PYNVML_IMPORT_ERROR), **result)
         module.fail_json(msg=exc.msg, **result)
     module.exit_json(**result)
 

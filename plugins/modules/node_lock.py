@@ -122,7 +122,7 @@ took_over:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 
 
 def main():

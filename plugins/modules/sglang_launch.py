@@ -204,14 +204,14 @@ options:
     default: {}
 notes:
   - Starting a long-lived daemon cannot go through C(run_command), which waits for the command to end. The spawn is isolated in
-    C(module_utils/sglang_process.py) (C(os.fork), C(os.setsid), C(os.execvpe), an argv list, no shell).
+    C(module_utils/node/supervise.py) (C(os.fork), C(os.setsid), C(os.execvpe), an argv list, no shell).
   - The stop path never matches processes by name. It signals the PIDs recorded at start (pinned by start time) and the members
     of the server's session, so schedulers reparented to PID 1 are found too.
   - A crashed server's leftover children are SIGKILLed at once, since they can hold GPU memory; O(keep_on_failure) does not
     apply to them.
   - SGLang prints C(server_args=...) with the API key in its log and returns it from C(/server_info). The module masks both
     in what it returns, and keeps the log file at mode C(0600).
-  - The launch itself (render, start, health gate, config check) is C(module_utils/launcher.py), shared with
+  - The launch itself (render, start, health gate, config check) is C(module_utils/server/launcher.py), shared with
     M(gpufleet.sglang.sglang_replace).
 seealso:
   - module: gpufleet.sglang.gpu_memory_assert
@@ -419,9 +419,9 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as engine
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.@-]+$")

@@ -325,7 +325,7 @@ problems:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import plan as plan_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 
 
 def argument_spec():

@@ -225,12 +225,12 @@ import signal
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import records
-from ansible_collections.gpufleet.sglang.plugins.module_utils import smoke as smoke_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
-from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import records
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import smoke as smoke_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
 
 FILES = (("server.json", 0o640), ("secrets.json", 0o600), ("config.yaml", 0o600), ("server.env", 0o600))
 

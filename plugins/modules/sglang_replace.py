@@ -196,7 +196,7 @@ timings:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import replace as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import replace as engine
 
 
 def main():

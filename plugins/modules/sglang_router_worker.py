@@ -374,7 +374,7 @@ elapsed:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils.router import RouterWorker, argument_spec
+from ansible_collections.gpufleet.sglang.plugins.module_utils.router.workers import RouterWorker, argument_spec
 
 
 def main():

@@ -220,7 +220,7 @@ errors:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import smoke
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import smoke
 
 # The engine's names, for callers and tests that know them from this module.
 Bench = smoke.Bench

@@ -162,8 +162,8 @@ timings:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.sglang.plugins.module_utils import http
-from ansible_collections.gpufleet.sglang.plugins.module_utils import weights
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights
 
 
 def _already(info, sums, target, version, checksum):

@@ -334,7 +334,7 @@ def servers():
 def test_runner_example_status_against_a_simulated_node(sim_node, servers, tmp_path, monkeypatch):
     ansible_runner = pytest.importorskip("ansible_runner")
     import time
-    from ansible_collections.gpufleet.sglang.plugins.module_utils.http import HTTPConnectionError, request
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import HTTPConnectionError, request
 
     # A simulated server on the node: EAGLE3, topk 1, steps 3, 4 draft tokens, one GPU.
     models = tmp_path / "models"

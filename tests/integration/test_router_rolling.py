@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.http import HTTPConnectionError, request
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import HTTPConnectionError, request
 
 from launch_helpers import Procs, free_port, run_module_raw  # noqa: E402  (tests/integration is on sys.path)
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import metrics as sglang_metrics
 
 import servers
 

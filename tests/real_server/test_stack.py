@@ -8,9 +8,9 @@ import pathlib
 import subprocess
 import sys
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown as drain
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
 
 import env as real_env
 import servers

@@ -33,7 +33,10 @@ TIMEOUT = 600
 ALLOWED_TOP = {"plugins", "roles", "playbooks", "meta", "docs", "changelogs", "README.md", "LICENSE",
                "MANIFEST.json", "FILES.json"}
 # Must be there: without them the tarball is not the collection.
-REQUIRED = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "meta/runtime.yml", "playbooks/redeploy.yml"}
+REQUIRED = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "meta/runtime.yml", "playbooks/redeploy.yml",
+            "docs/user-guide.md"}
+# Contributor pages and unreleased changelog fragments: in the repository, not in a user's copy.
+CONTRIBUTOR_ONLY = ("docs/development.md", "docs/design.md", "changelogs/fragments/")
 # Top-level import names of the test support (simulator/python): a package or module of that name anywhere in
 # the tarball could end up on sys.path and shadow the real one. Everything under plugins/ is imported through
 # Ansible's collection loader (ansible_collections.gpufleet.sglang.plugins...), so plugins/filter/sglang.py and
@@ -96,6 +99,9 @@ def test_tarball_holds_only_the_collection(tarball):
     assert top <= ALLOWED_TOP, "not part of the collection (add to galaxy.yml build_ignore): %s" % sorted(top - ALLOWED_TOP)
     for gone in ("simulator", "tests", "bench", "molecule", "scripts", "requirements"):
         assert not any(n == gone or n.startswith(gone + "/") for n in names), gone
+    for contributor in CONTRIBUTOR_ONLY:
+        assert not any(n == contributor or n.startswith(contributor) for n in names if n != contributor.rstrip("/")), (
+            "a contributor page or an unreleased fragment in the tarball: %s" % contributor)
     # Only files and directories: a packed link makes the tarball uninstallable or points outside it.
     odd = sorted(n for n, m in members.items() if not (m.isfile() or m.isdir()))
     assert odd == [], "links or special files in the tarball: %s" % odd

@@ -18,7 +18,7 @@ import math
 import os
 import re
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import flags as flag_table
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import rules
 

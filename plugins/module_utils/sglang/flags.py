@@ -24,7 +24,7 @@ import difflib
 import json
 import re
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as _secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as _secrets
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.versions import (
     DOCUMENTED_VERSIONS,
     rule_version,

@@ -28,7 +28,6 @@ import signal
 import subprocess
 import time
 
-HELPER_MODULE = "ansible_collections.gpufleet.sglang.plugins.module_utils.sglang.oracle_helper"
 DEFAULT_TIMEOUT = 120.0
 _MAX_OUTPUT = 32 * 1024 * 1024
 

@@ -63,7 +63,6 @@ MSG_TRTLLM = "trtllm_mha backend only supports topk = 1 for speculative decoding
 MSG_SPEC_V2_TOPK = "Spec v2 currently only supports topk = 1 for speculative decoding."
 
 _ALL = DOCUMENTED_VERSIONS
-_FROM_0410 = DOCUMENTED_VERSIONS[1:]
 _FROM_0510 = ("0.5.10", "0.5.23")
 _ONLY_0523 = ("0.5.23",)
 
@@ -372,24 +371,6 @@ def explain_line(arg, intended, running, rule_id=None, version=None, flag=None, 
     release = "SGLang %s" % version if version else "SGLang"
     return ("%s \u2014 no known %s rule changes this argument; check the server log for a warning naming %s and "
             "make sure the server was started with the rendered arguments" % (head, release, flag))
-
-
-def explain_adjustment(adjustment, intended, running, arg=None, version=None, args=None, secret_args=()):
-    """Explain why ``running`` differs from ``intended`` from an adjustment already made.
-
-    ``adjustment`` is one entry of a resolution's ``adjustments`` for the field
-    (or None when the plan has none; then give ``arg``). Its rule explains the
-    difference when the running value is the one the rule set; otherwise the
-    usual rule for the field is tried (``args``: the intended args). No second
-    resolution is run.
-    """
-    arg = arg or (adjustment or {}).get("arg")
-    rule_id = (adjustment or {}).get("rule")
-    if rule_id is not None and not _same(adjustment.get("to"), running):
-        rule_id = None
-    if rule_id is None:
-        rule_id = default_rule(arg, intended, running, args)
-    return explain_line(arg, intended, running, rule_id, version, secret_args=secret_args)
 
 
 def find_rule(adjustments, arg, running):

@@ -18,14 +18,6 @@ import re
 
 DEFAULT_VERSION = "0.5.23"
 DOCUMENTED_VERSIONS = ("0.4.6", "0.4.10", "0.5.1", "0.5.10", "0.5.23")
-# The exact wheels whose rules and flags were read, per documented release.
-WHEEL_VERSIONS = {
-    "0.4.6": "0.4.6.post5",
-    "0.4.10": "0.4.10.post2",
-    "0.5.1": "0.5.1",
-    "0.5.10": "0.5.10",
-    "0.5.23": "0.5.23",
-}
 
 V046, V0410, V051, V0510, V0523 = range(5)
 
@@ -101,11 +93,6 @@ def rule_version(version):
             "(docs/reference/sglang-rules.md, Versions); upgrade SGLang to 0.4.6 or newer" % (version,)
         )
     return chosen
-
-
-def rule_index(version):
-    """Index of the documented release for ``version`` (compare with V046 ... V0523)."""
-    return DOCUMENTED_VERSIONS.index(rule_version(version))
 
 
 def version_notes(version, documented=None):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KIT_DIR = os.path.dirname(HERE)                       # tests/gpu
@@ -25,7 +26,6 @@ REPO = os.path.dirname(os.path.dirname(KIT_DIR))      # repository root
 CAPTURES_DIR = os.path.join(KIT_DIR, "captures")
 SIM_BIN = os.path.join(REPO, "simulator", "bin")
 SIM_PY = os.path.join(REPO, "simulator", "python")
-GPU_QUERY_PATH = os.path.join(REPO, "plugins", "module_utils", "gpu_query.py")
 COLLECTIONS = os.path.join(REPO, ".collections")
 
 if KIT_DIR not in sys.path:
@@ -35,17 +35,22 @@ _GPU_QUERY = None
 
 
 def gpu_query():
-    """The collection's ``module_utils/gpu_query.py`` (stdlib only), loaded by path.
+    """The collection's GPU query code (stdlib only): ``module_utils/gpu/query.py`` with its nvidia-smi parser
+    (``smi_csv.py``) and backends (``backends.py``), as one namespace.
 
-    Loading by path keeps the kit independent of Ansible's collection loader;
-    the module is the same file the modules run.
+    Imported from the checkout through ``.collections`` with plain Python imports (no Ansible collection
+    loader), so the kit stays independent of Ansible; the modules are the same files the modules run.
     """
     global _GPU_QUERY
     if _GPU_QUERY is None:
-        spec = importlib.util.spec_from_file_location("gpukit_gpu_query", GPU_QUERY_PATH)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _GPU_QUERY = module
+        collections = ensure_collection_link()
+        if collections not in sys.path:
+            sys.path.insert(0, collections)
+        merged = {}
+        for name in ("query", "smi_csv", "backends"):
+            module = importlib.import_module("ansible_collections.gpufleet.sglang.plugins.module_utils.gpu." + name)
+            merged.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
+        _GPU_QUERY = types.SimpleNamespace(**merged)
     return _GPU_QUERY
 
 

@@ -25,8 +25,8 @@ from sglang_helpers import (  # noqa: E402 - after this directory is put on sys.
     GpuNode, ProcessRegistry, Server, alive, cmdline, comm, free_port, free_port_block, make_model, wait_for,
 )
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics  # noqa: E402
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sockets import (  # noqa: E402
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import metrics as sglang_metrics  # noqa: E402
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node.sockets import (  # noqa: E402
     listening_inodes, socket_owners,
 )
 
@@ -249,7 +249,7 @@ class TestPorts:
         kids = srv.tree()
         tp0 = [p for p in kids if cmdline(p) == ["sglang::scheduler_TP0"]]
         assert len(tp0) == 1
-        from ansible_collections.gpufleet.sglang.plugins.module_utils.sockets import parse_net_tcp
+        from ansible_collections.gpufleet.sglang.plugins.module_utils.node.sockets import parse_net_tcp
 
         with open("/proc/net/tcp") as fh:
             table = list(parse_net_tcp(fh.read()))

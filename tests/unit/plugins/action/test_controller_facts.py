@@ -17,7 +17,7 @@ import pytest
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.sglang.plugins.action import controller_facts as cf
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 
 RUN_ID_RE = re.compile(r"^(\d{8}T\d{6}Z)-(\d+)-(\d{4})$")
 

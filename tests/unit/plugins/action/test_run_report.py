@@ -70,7 +70,7 @@ def test_a_file_that_is_not_a_report_is_never_overwritten(tmp_path, content, err
 
 
 def test_failed_write_keeps_the_old_report_and_leaves_no_temporary_file(tmp_path, monkeypatch):
-    from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise
 
     base = tmp_path / "R1-redeploy"
     run_report.write_report(str(base), "R1", ROWS[:1])
@@ -79,7 +79,7 @@ def test_failed_write_keeps_the_old_report_and_leaves_no_temporary_file(tmp_path
     def refuse(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(sglang_process.os, "replace", refuse)
+    monkeypatch.setattr(supervise.os, "replace", refuse)
     with pytest.raises(OSError):
         run_report.write_report(str(base), "R1", ROWS)
     assert sorted((p.name, p.read_text()) for p in tmp_path.iterdir()) == before

@@ -1,6 +1,6 @@
 """Tests for the gpufleet.sglang.sglang_mask filter (plugins/filter/sglang_mask.py).
 
-The rules themselves live in module_utils/sglang_process.py; these tests check that the filter
+The rules themselves live in module_utils/node/supervise.py; these tests check that the filter
 applies them to every shape it is documented for: nested dicts (SGLang's /server_info), argv
 lists (``--api-key X`` and ``--api-key=X``, numbers among the strings) and free text (the
 ``server_args=...`` log line), and that look-alike names such as ``speculative_token_map`` stay.
@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.filter import sglang_mask
 from ansible_collections.gpufleet.sglang.plugins.filter.sglang_mask import FilterModule, mask
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang_process import MASK
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node.supervise import MASK
 
 SECRET = "sk-live-0123456789"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import compare, render, rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as resolve_mod
 

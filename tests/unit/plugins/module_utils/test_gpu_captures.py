@@ -17,7 +17,11 @@ from collections import defaultdict
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query as gq
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import smi_csv
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gq
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 KIT_DIR = os.path.join(REPO, "tests", "gpu")
@@ -76,7 +80,7 @@ def _describe(argv):
 def test_real_binary_error_captures_are_checked_in():
     rcs = set(e["rc"] for e in ENTRIES if e.get("source_kind") == "real-binary-without-gpu")
     assert {9, 12} <= rcs, "run tests/gpu/make_error_captures.sh"
-    backend = gq.NvidiaSmiBackend(runner=None)
+    backend = gpu_backends.NvidiaSmiBackend(runner=None)
     for source in ("no-driver", "no-library"):
         # On 535 the driver check runs before the arguments are read, so a capture of the same query kind and
         # format stands for the collection's current field list (which grew mig.mode.current after the capture).
@@ -102,17 +106,17 @@ def test_capture_file_matches_manifest_and_is_masked(entry):
 def test_driver_failure_capture_is_recognised(entry):
     out, err, rc = _text(entry), entry.get("stderr", ""), entry["rc"]
     expected = EXPECTED_STATUS[rc]
-    failure = gq.detect_driver_failure(rc, out, err)
+    failure = smi_csv.detect_driver_failure(rc, out, err)
     assert failure is not None and failure["status"] == expected and failure["fatal"] and failure["hint"]
     assert failure["rc"] == rc
     # The message alone is enough (docs/reference/nvidia-smi.md §1.5: it is on stdout).
-    assert gq.detect_driver_failure(255, out, "")["status"] == expected
+    assert smi_csv.detect_driver_failure(255, out, "")["status"] == expected
     # The parsers skip the message lines instead of reading them as rows.
     if entry["kind"] == "query-gpu":
-        assert gq.parse_query_gpu(out, entry["fields"]) == ([], [], [])
+        assert smi_csv.parse_query_gpu(out, entry["fields"]) == ([], [], [])
     elif entry["kind"] == "query-apps":
-        assert gq.parse_compute_apps(out, entry["fields"]) == ([], [])
-    snap = gq.snapshot_from_outputs((rc, out, err), None)
+        assert smi_csv.parse_compute_apps(out, entry["fields"]) == ([], [])
+    snap = smi_csv.snapshot_from_outputs((rc, out, err), None)
     assert snap["driver"]["status"] == expected and not snap["driver"]["ok"] and snap["gpus"] == []
 
 
@@ -134,7 +138,7 @@ def test_backend_stops_after_a_fatal_capture(source):
         e = by_argv.get(tuple(argv)) or by_kind[(kind, tuple(fmt))]     # the driver check comes first (see above)
         return e["rc"], _text(e), e.get("stderr", "")
 
-    snap = gq.NvidiaSmiBackend(runner, "nvidia-smi").snapshot()
+    snap = gpu_backends.NvidiaSmiBackend(runner, "nvidia-smi").snapshot()
     assert snap["calls"] == 1 and len(calls) == 1
     assert snap["driver"]["status"] == EXPECTED_STATUS[entries[0]["rc"]] and snap["driver"]["fatal"]
 
@@ -157,7 +161,7 @@ def test_real_gpu_capture_parses(entry):
     text = _text(entry)
     expected = 1 if entry.get("select") is not None else entry.get("gpu_count")
     if entry["kind"] == "query-gpu":
-        gpus, lost, anomalies = gq.parse_query_gpu(text, entry["fields"])
+        gpus, lost, anomalies = smi_csv.parse_query_gpu(text, entry["fields"])
         assert anomalies == [] and lost == []
         if expected:
             assert len(gpus) == expected
@@ -169,7 +173,7 @@ def test_real_gpu_capture_parses(entry):
             if "memory.reserved" in entry["fields"]:
                 assert g["reserved_mib"] is not None
     elif entry["kind"] == "query-apps":
-        procs, anomalies = gq.parse_compute_apps(text, entry["fields"])
+        procs, anomalies = smi_csv.parse_compute_apps(text, entry["fields"])
         assert anomalies == []
         for p in procs:
             assert isinstance(p["pid"], int) and p["gpu_uuid"].startswith("GPU-")
@@ -197,9 +201,9 @@ def _pairs():
 def test_real_gpu_snapshot_cross_references(pair):
     """Processes attach to their GPUs by (masked) UUID: masking kept the cross-references."""
     gpu_e, apps_e = pair
-    snap = gq.snapshot_from_outputs((0, _text(gpu_e), gpu_e.get("stderr", "")),
-                                    (0, _text(apps_e), apps_e.get("stderr", "")), gpu_fields=gpu_e["fields"],
-                                    app_fields=apps_e["fields"])
+    snap = smi_csv.snapshot_from_outputs((0, _text(gpu_e), gpu_e.get("stderr", "")),
+                                         (0, _text(apps_e), apps_e.get("stderr", "")), gpu_fields=gpu_e["fields"],
+                                         app_fields=apps_e["fields"])
     assert snap["driver"]["ok"] and snap["anomalies"] == [] and snap["unmatched_processes"] == []
     if gpu_e.get("state") == "busy":
         assert any(g["processes"] for g in snap["gpus"])

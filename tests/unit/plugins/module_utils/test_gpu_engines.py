@@ -1,4 +1,4 @@
-"""The in-process engines (drain.run_drain, gpu_verify.run_assert) on the GPU simulator.
+"""The in-process engines (teardown.run_drain, gpu_verify.run_assert) on the GPU simulator.
 
 Covers what sglang_replace relies on: the API without AnsibleModule, holders
 that left their server's tree (their parent died before the redeploy and they
@@ -26,11 +26,11 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.sglang.plugins.filter.sglang_mask import mask as filter_mask
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
 from ansible_collections.gpufleet.sglang.plugins.modules import gpu_drain
 
 REPO = pathlib.Path(__file__).resolve().parents[4]
@@ -151,17 +151,17 @@ def alive(pid):
 
 
 def params(node, **kw):
-    p = drain.defaults()
+    p = teardown.defaults()
     p.update(device_paths=[node["dev"]], term_timeout=10, kill_timeout=5)
     p.update(kw)
     return p
 
 
 def test_defaults_are_the_module_options():
-    assert drain.defaults()["on_unexpected"] == "signal" and drain.defaults()["expected_pids"] == []
-    assert set(drain.defaults()) == set(drain.ARGUMENT_SPEC)
+    assert teardown.defaults()["on_unexpected"] == "signal" and teardown.defaults()["expected_pids"] == []
+    assert set(teardown.defaults()) == set(teardown.ARGUMENT_SPEC)
     assert gpu_verify.defaults()["mig_max_used_mib"] == 96 and set(gpu_verify.defaults()) == set(gpu_verify.ARGUMENT_SPEC)
-    assert drain.defaults()["device_paths"] == ["/dev/nvidia*"]
+    assert teardown.defaults()["device_paths"] == ["/dev/nvidia*"]
 
 
 def test_holders_of_a_server_that_died_before_the_redeploy(node, subreaper):
@@ -169,7 +169,7 @@ def test_holders_of_a_server_that_died_before_the_redeploy(node, subreaper):
     stat = procfs.read_stat(info["scheduler"])
     assert stat["ppid"] == os.getpid() and not alive(info["server"])          # reparented to this subreaper
     warnings = []
-    res = drain.run_drain(params(node, gpus=[0]), gpu_target.subprocess_run(), warn=warnings.append)
+    res = teardown.run_drain(params(node, gpus=[0]), gpu_target.subprocess_run(), warn=warnings.append)
     by_pid = dict((e["pid"], e) for e in res["signalled"])
     assert by_pid[info["scheduler"]]["signals"] == ["SIGTERM"]
     detok = by_pid[info["detok"]]
@@ -182,7 +182,7 @@ def test_holders_of_a_server_that_died_before_the_redeploy(node, subreaper):
 def test_a_scheduler_that_left_the_tree_of_a_live_server(node, subreaper):
     info = start_server(node, subreaper, "intermediate")
     assert procfs.read_stat(info["scheduler"])["ppid"] != info["server"]
-    res = drain.run_drain(params(node, gpus=[0]), gpu_target.subprocess_run())
+    res = teardown.run_drain(params(node, gpus=[0]), gpu_target.subprocess_run())
     by_pid = dict((e["pid"], e) for e in res["signalled"])
     assert by_pid[info["server"]]["role"] == "root" and "left its tree" in by_pid[info["server"]]["how"]
     assert by_pid[info["scheduler"]]["signals"] == ["SIGTERM"]         # no root tears it down: it gets the signal
@@ -195,8 +195,8 @@ def test_expected_pids_fail_before_anything_is_signalled_and_name_the_holder(nod
     ours = start_server(node, subreaper, "live", gpu=1)
     foreign = start_server(node, subreaper, "live", gpu=2, extra_args=["--hf-token", SECRET, "--api-key=" + KEY])
     p = params(node, gpus=[1, 2], expected_pids=[ours["server"]], on_unexpected="fail")
-    with pytest.raises(drain.DrainError) as exc:
-        drain.run_drain(p, gpu_target.subprocess_run())
+    with pytest.raises(teardown.DrainError) as exc:
+        teardown.run_drain(p, gpu_target.subprocess_run())
     err = exc.value
     assert alive(ours["server"]) and alive(foreign["server"]) and alive(foreign["scheduler"])
     assert all(not e["signals"] for e in err.result["signalled"])
@@ -211,7 +211,7 @@ def test_expected_pids_fail_before_anything_is_signalled_and_name_the_holder(nod
     assert unexpected[0]["ports"] == [foreign["port"]] and "listening on %d" % foreign["port"] in err.msg
     # on_unexpected=signal (the standalone default) stops both and warns.
     warnings = []
-    res = drain.run_drain(dict(p, on_unexpected="signal"), gpu_target.subprocess_run(), warn=warnings.append)
+    res = teardown.run_drain(dict(p, on_unexpected="signal"), gpu_target.subprocess_run(), warn=warnings.append)
     assert any("outside expected_pids" in w for w in warnings) and SECRET not in " ".join(warnings)
     assert not alive(foreign["scheduler"]) and not alive(ours["scheduler"])
     assert SECRET not in json.dumps(res)
@@ -272,8 +272,8 @@ def test_bad_options_fail_before_anything_is_read():
                        ({"on_unexpected": "maybe"}, "on_unexpected must be fail or signal"),
                        ({"exclude": ["(x"]}, "exclude: invalid regular expression"),
                        ({"gpus": ["MIG-1"]}, "gpus: MIG device")):
-        with pytest.raises(drain.DrainError) as exc:
-            drain.run_drain(bad, runner)
+        with pytest.raises(teardown.DrainError) as exc:
+            teardown.run_drain(bad, runner)
         assert words in exc.value.msg
     assert calls == []
 
@@ -292,7 +292,7 @@ def test_the_drains_last_snapshot_proves_the_gpus_free_without_a_second_query(no
     started = []
     start_server(node, started, "graceful", gpu=0)
     kept = {}
-    res = drain.run_drain(params(node, gpus=[0]), gpu_target.subprocess_run(), keep=kept)
+    res = teardown.run_drain(params(node, gpus=[0]), gpu_target.subprocess_run(), keep=kept)
     assert res["signalled"] and kept["last_snapshot"]["driver"]["ok"], (res, kept)
     run, calls = counting_runner()
     verified = gpu_verify.run_assert(dict(gpu_verify.defaults(), gpus=[0], device_paths=[node["dev"]], timeout=5),

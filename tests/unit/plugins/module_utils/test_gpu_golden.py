@@ -10,7 +10,11 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query as gq
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import smi_csv
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gq
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 CAPTURES = os.path.join(REPO, "tests", "captures", "nvidia-smi")
@@ -39,14 +43,14 @@ def rows(indices, used=0, reserved=614, mig="Disabled"):
     ("table-lost-610.txt", "00000000:34:00.0", 1, "Unknown Error"),
 ])
 def test_every_lost_gpu_spelling(name, bus, index, reason):
-    assert gq.parse_lost_lines(capture(name)) == [{"bus_id": bus, "index": index, "reason": reason}]
-    assert gq.parse_lost_lines(capture(name).lower())[0]["bus_id"] == bus        # "gpu" in lower case too
+    assert smi_csv.parse_lost_lines(capture(name)) == [{"bus_id": bus, "index": index, "reason": reason}]
+    assert smi_csv.parse_lost_lines(capture(name).lower())[0]["bus_id"] == bus        # "gpu" in lower case too
 
 
 def test_driver_610_lost_gpu_never_drops_out_of_the_result():
     # The case: GPU 1 is lost on driver 610; "gpus: [1]" must find it lost, not "no GPU matches 1".
     out = capture("lost-610-index-form.txt") + HEADER + rows([0, 2, 3])
-    snap = gq.snapshot_from_outputs((15, out, ""), (15, capture("lost-610-index-form.txt"), ""))
+    snap = smi_csv.snapshot_from_outputs((15, out, ""), (15, capture("lost-610-index-form.txt"), ""))
     assert snap["driver"]["ok"]
     chosen, errors = gq.select_gpus(snap, [1])
     assert errors == [] and len(chosen) == 1
@@ -65,9 +69,9 @@ def test_driver_610_lost_gpu_never_drops_out_of_the_result():
 ])
 def test_failures_are_fatal_statuses_with_a_hint(name, rc, status):
     for stdout, stderr in ((capture(name), ""), ("", capture(name))):
-        failure = gq.detect_driver_failure(rc, stdout, stderr)
+        failure = smi_csv.detect_driver_failure(rc, stdout, stderr)
         assert failure["status"] == status and failure["fatal"] and failure["hint"]
-    snap = gq.snapshot_from_outputs((rc, capture(name), ""), None)
+    snap = smi_csv.snapshot_from_outputs((rc, capture(name), ""), None)
     assert not snap["driver"]["ok"] and snap["gpus"] == []
 
 
@@ -76,21 +80,21 @@ def test_failures_are_fatal_statuses_with_a_hint(name, rc, status):
     ("reset-in-use-process-old.txt", "00000000:C1:00.0", "In use by another process"),
 ])
 def test_reset_refusals(name, bus, reason):
-    res = gq.parse_reset_output(255, capture(name))
+    res = smi_csv.parse_reset_output(255, capture(name))
     assert res["ok"] is False and res["failed"] == {bus: reason} and res["reset"] == []
     assert "could not be reset" in res["message"] or "currently in use" in res["message"]
 
 
 def test_reset_success_and_nvsentinel_refusal():
-    ok = gq.parse_reset_output(0, "GPU 00000000:1A:00.0 was successfully reset.\nAll done.\n")
+    ok = smi_csv.parse_reset_output(0, "GPU 00000000:1A:00.0 was successfully reset.\nAll done.\n")
     assert ok["ok"] and ok["reset"] == ["00000000:1A:00.0"] and ok["failed"] == {}
     text = "The following GPUs could not be reset:\n  GPU 00000000:1A:00.0: In use by another client\n"
-    assert gq.parse_reset_output(255, text)["failed"] == {"00000000:1A:00.0": "In use by another client"}
+    assert smi_csv.parse_reset_output(255, text)["failed"] == {"00000000:1A:00.0": "In use by another client"}
 
 
 def test_bare_na_values_are_unknown_never_zero():
     out = HEADER + "0, %s, 00000000:16:00.0, N/A, N/A, N/A, N/A, N/A, NVIDIA GB10\n" % UUIDS[0]
-    snap = gq.snapshot_from_outputs((0, out, ""), (0, "gpu_uuid, pid, used_gpu_memory [MiB], process_name\n", ""))
+    snap = smi_csv.snapshot_from_outputs((0, out, ""), (0, "gpu_uuid, pid, used_gpu_memory [MiB], process_name\n", ""))
     gpu = snap["gpus"][0]
     assert snap["driver"]["ok"] and gpu["used_mib"] is None and gpu["unknown_fields"]["memory.used"] == "N/A"
     assert gpu["mig_mode"] is None and not gq.mig_enabled(gpu)
@@ -104,7 +108,7 @@ def test_bare_na_values_are_unknown_never_zero():
     ("\x00\x01garbage from a wedged tool\n", "garbage from a wedged tool"),     # the line is quoted
 ])
 def test_garbage_and_truncated_output_is_unparsable_not_zero_gpus(out, what):
-    snap = gq.snapshot_from_outputs((0, out, ""), (0, "", ""))
+    snap = smi_csv.snapshot_from_outputs((0, out, ""), (0, "", ""))
     driver = snap["driver"]
     assert driver["status"] == gq.STATUS_UNPARSABLE and not driver["ok"] and not driver["fatal"]
     assert driver["message"].startswith("nvidia-smi output could not be parsed: ") and what in driver["message"]
@@ -113,12 +117,12 @@ def test_garbage_and_truncated_output_is_unparsable_not_zero_gpus(out, what):
 
 def test_garbage_process_rows_are_unparsable_too():
     apps = "gpu_uuid, pid, used_gpu_memory [MiB], process_name\n%s, lots, 12, x\n" % UUIDS[0]
-    snap = gq.snapshot_from_outputs((0, HEADER + rows([0]), ""), (0, apps, ""))
+    snap = smi_csv.snapshot_from_outputs((0, HEADER + rows([0]), ""), (0, apps, ""))
     assert snap["driver"]["status"] == gq.STATUS_UNPARSABLE and "pid='lots'" in snap["driver"]["message"]
 
 
 def test_mig_gpu_idle_limit():
-    snap = gq.snapshot_from_outputs((0, HEADER + rows([0], used=59, mig="Enabled") + rows([1]), ""), (0, "", ""))
+    snap = smi_csv.snapshot_from_outputs((0, HEADER + rows([0], used=59, mig="Enabled") + rows([1]), ""), (0, "", ""))
     mig, plain = snap["gpus"]
     assert mig["mig_mode"] == "Enabled" and gq.mig_enabled(mig) and not gq.mig_enabled(plain)
     assert gq.idle_limit(mig, 16) == gq.DEFAULT_MIG_MAX_USED_MIB and gq.idle_limit(plain, 16) == 16
@@ -134,6 +138,6 @@ def test_backend_drops_a_field_an_older_driver_rejects():
         calls.append(argv)
         return answers.pop(0)
 
-    snap = gq.NvidiaSmiBackend(runner).snapshot()
+    snap = gpu_backends.NvidiaSmiBackend(runner).snapshot()
     assert snap["driver"]["ok"] and snap["gpus"][0]["used_mib"] == 0 and snap["gpus"][0]["mig_mode"] is None
     assert "mig.mode.current" not in calls[1][1] and "memory.reserved" in calls[1][1]

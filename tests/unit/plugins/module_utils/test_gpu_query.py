@@ -1,4 +1,4 @@
-"""Parser and backend tests for module_utils/gpu_query.py.
+"""Parser and backend tests for module_utils/gpu/query.py.
 
 Outputs are the literal formats of nvidia-smi 535 quoted in
 docs/reference/nvidia-smi.md (section numbers in the test names' docstrings).
@@ -9,7 +9,11 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query as gq
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import smi_csv
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gq
 
 UUID0 = "GPU-107f0d10-1b2c-3d4e-5f60-718293a4b5c6"
 UUID1 = "GPU-a4462c8e-9f1a-2b3c-4d5e-6f708192a3b4"
@@ -55,11 +59,11 @@ TWO_GPUS = [
                                   "[Unknown Error]", "[GPU is lost]", "[GPU requires reset]",
                                   "[Requested functionality has been deprecated]", "N/A", " N/A ", "ERR!", ""])
 def test_placeholders_are_unknown_never_zero(text):
-    assert gq.is_placeholder(text)
-    value, raw = gq.parse_mib(text)
+    assert smi_csv.is_placeholder(text)
+    value, raw = smi_csv.parse_mib(text)
     assert value is None
     assert raw  # the placeholder text is kept as the flag
-    assert gq.parse_int(text)[0] is None
+    assert smi_csv.parse_int(text)[0] is None
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -67,21 +71,21 @@ def test_placeholders_are_unknown_never_zero(text):
     ("2 GiB", 2048), ("512 KiB", 0), ("1048576 B", 1),
 ])
 def test_parse_mib_with_and_without_units(text, expected):
-    assert gq.parse_mib(text) == (expected, None)
+    assert smi_csv.parse_mib(text) == (expected, None)
 
 
 @pytest.mark.parametrize("text", ["12.5 MB", "lots", "-3 MiB"])
 def test_parse_mib_junk_is_unknown(text):
-    value, raw = gq.parse_mib(text)
+    value, raw = smi_csv.parse_mib(text)
     assert value is None and raw == text.strip()
 
 
 def test_parse_header_with_and_without_units():
-    assert gq.parse_header("index, memory.used [MiB], utilization.gpu [%], power.draw [W]") == [
+    assert smi_csv.parse_header("index, memory.used [MiB], utilization.gpu [%], power.draw [W]") == [
         ("index", None), ("memory.used", "MiB"), ("utilization.gpu", "%"), ("power.draw", "W")]
     # used_memory is an alias whose header reads used_gpu_memory [MiB] (§1.1)
-    assert gq.parse_header("pid, used_memory [MiB]") == [("pid", None), ("used_gpu_memory", "MiB")]
-    assert gq.parse_header("0, GPU-107f0d10, NVIDIA H200") is None
+    assert smi_csv.parse_header("pid, used_memory [MiB]") == [("pid", None), ("used_gpu_memory", "MiB")]
+    assert smi_csv.parse_header("0, GPU-107f0d10, NVIDIA H200") is None
 
 
 @pytest.mark.parametrize("text, canonical", [
@@ -105,7 +109,7 @@ def test_normalize_bus_id_rejects(text):
 # ---------------------------------------------------------------------------
 
 def test_query_gpu_with_header_and_units():
-    gpus, lost, anomalies = gq.parse_query_gpu(smi_gpu_output(TWO_GPUS))
+    gpus, lost, anomalies = smi_csv.parse_query_gpu(smi_gpu_output(TWO_GPUS))
     assert lost == [] and anomalies == []
     assert gpus[0] == {
         "index": 0, "uuid": UUID0, "name": "NVIDIA H200", "bus_id": "00000000:18:00.0",
@@ -119,7 +123,7 @@ def test_query_gpu_with_header_and_units():
 @pytest.mark.parametrize("header, units", [(True, False), (False, True), (False, False)])
 def test_query_gpu_nounits_and_noheader(header, units):
     text = smi_gpu_output(TWO_GPUS, header=header, units=units)
-    gpus, lost, anomalies = gq.parse_query_gpu(text)
+    gpus, lost, anomalies = smi_csv.parse_query_gpu(text)
     assert [g["used_mib"] for g in gpus] == [70001, 1]
     assert [g["index"] for g in gpus] == [0, 1]
     assert anomalies == []
@@ -129,7 +133,7 @@ def test_header_order_is_followed():
     text = ("memory.used [MiB], index, uuid, pci.bus_id, memory.total [MiB], memory.reserved [MiB], memory.free [MiB], "
             "mig.mode.current, name\n5 MiB, 3, %s, 00000000:5D:00.0, 81559 MiB, 326 MiB, 81228 MiB, Disabled, "
             "NVIDIA H100 80GB HBM3\n" % UUID0)
-    rows, anomalies = gq.parse_csv(text, gq.GPU_FIELDS)
+    rows, anomalies = smi_csv.parse_csv(text, gq.GPU_FIELDS)
     assert anomalies == [] and len(rows) == 1
     assert rows[0]["index"] == "3" and rows[0]["memory.used"] == "5 MiB"
 
@@ -137,7 +141,7 @@ def test_header_order_is_followed():
 def test_doc_h100_row_and_crlf_line_endings():
     # §1.2 [reported]: "0, GPU-107f0d10-..., NVIDIA H100 80GB HBM3, 29089 MiB, 81559 MiB"
     text = "index, uuid, name, memory.used [MiB], memory.total [MiB]\r\n0, %s, NVIDIA H100 80GB HBM3, 29089 MiB, 81559 MiB\r\n" % UUID0
-    rows, anomalies = gq.parse_csv(text, ["index", "uuid", "name", "memory.used", "memory.total"])
+    rows, anomalies = smi_csv.parse_csv(text, ["index", "uuid", "name", "memory.used", "memory.total"])
     assert rows == [{"index": "0", "uuid": UUID0, "name": "NVIDIA H100 80GB HBM3", "memory.used": "29089 MiB",
                      "memory.total": "81559 MiB"}]
     assert anomalies == []
@@ -146,7 +150,7 @@ def test_doc_h100_row_and_crlf_line_endings():
 def test_placeholder_fields_in_a_gpu_row_are_flagged():
     rows = [(0, UUID0, "00000000:18:00.0", "[N/A]", "[N/A]", "[N/A]", "[N/A]", "NVIDIA GB10"),
             (1, UUID1, "00000000:2A:00.0", 143771, "[Not Supported]", 3, "[Insufficient Permissions]", "NVIDIA H200")]
-    gpus, dummy, dummy2 = gq.parse_query_gpu(smi_gpu_output(rows))
+    gpus, dummy, dummy2 = smi_csv.parse_query_gpu(smi_gpu_output(rows))
     assert gpus[0]["used_mib"] is None and gpus[0]["total_mib"] is None
     assert gpus[0]["unknown_fields"] == {"memory.total": "[N/A]", "memory.reserved": "[N/A]",
                                          "memory.used": "[N/A]", "memory.free": "[N/A]"}
@@ -158,7 +162,7 @@ def test_placeholder_fields_in_a_gpu_row_are_flagged():
 def test_gpu_is_lost_placeholder_marks_the_gpu_lost():
     rows = [(3, UUID2, "00000000:5D:00.0", "[GPU is lost]", "[GPU is lost]", "[GPU is lost]", "[GPU is lost]",
              "NVIDIA H200")]
-    gpus, dummy, dummy2 = gq.parse_query_gpu(smi_gpu_output(rows))
+    gpus, dummy, dummy2 = smi_csv.parse_query_gpu(smi_gpu_output(rows))
     assert gpus[0]["lost"] is True
     assert gpus[0]["used_mib"] is None
     assert "GPU is lost" in gpus[0]["lost_reason"]
@@ -168,7 +172,7 @@ def test_compute_apps_process_name_with_commas_is_kept_whole():
     text = ("gpu_uuid, pid, used_gpu_memory [MiB], process_name\n"
             "%s, 1328667, 130004 MiB, /usr/bin/python3.10\n"
             "%s, 4242, 512 MiB, chrome --type=gpu-process --field-trial-handle=1,2,3, with, commas\n" % (UUID0, UUID1))
-    procs, anomalies = gq.parse_compute_apps(text)
+    procs, anomalies = smi_csv.parse_compute_apps(text)
     assert anomalies == []
     assert procs[0] == {"pid": 1328667, "used_mib": 130004, "name": "/usr/bin/python3.10", "gpu_uuid": UUID0,
                         "unknown_fields": {}}
@@ -179,14 +183,14 @@ def test_compute_apps_process_name_with_commas_is_kept_whole():
 def test_compute_apps_doc_column_order_and_used_memory_alias():
     # §1.2 H200 capture: "GPU-a446..., 1328667, <absolute path of the python3.10 executable>, 130004 MiB"
     text = "gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n%s, 1328667, /opt/venv/bin/python3.10, 130004 MiB\n" % UUID1
-    rows, anomalies = gq.parse_csv(text, ["gpu_uuid", "pid", "process_name", "used_memory"])
+    rows, anomalies = smi_csv.parse_csv(text, ["gpu_uuid", "pid", "process_name", "used_memory"])
     assert anomalies == []
     assert rows[0]["used_gpu_memory"] == "130004 MiB" and rows[0]["process_name"] == "/opt/venv/bin/python3.10"
 
 
 def test_compute_apps_placeholders():
     text = ("%s, 4194999, [N/A], [Not Found]\n%s, [N/A], 12 MiB, [Insufficient Permissions]\n" % (UUID0, UUID0))
-    procs, anomalies = gq.parse_compute_apps(text)
+    procs, anomalies = smi_csv.parse_compute_apps(text)
     assert procs[0]["pid"] == 4194999 and procs[0]["used_mib"] is None and procs[0]["name"] is None
     assert procs[0]["unknown_fields"] == {"used_gpu_memory": "[N/A]", "process_name": "[Not Found]"}
     assert procs[1]["pid"] is None and procs[1]["unknown_fields"]["pid"] == "[N/A]"
@@ -194,12 +198,12 @@ def test_compute_apps_placeholders():
 
 def test_no_compute_processes():
     # §1.3: header only with csv; empty stdout with csv,noheader
-    assert gq.parse_compute_apps("gpu_uuid, pid, used_gpu_memory [MiB], process_name\n") == ([], [])
-    assert gq.parse_compute_apps("") == ([], [])
+    assert smi_csv.parse_compute_apps("gpu_uuid, pid, used_gpu_memory [MiB], process_name\n") == ([], [])
+    assert smi_csv.parse_compute_apps("") == ([], [])
 
 
 def test_short_rows_are_anomalies_not_values():
-    rows, anomalies = gq.parse_csv("0, %s\n" % UUID0, gq.GPU_FIELDS)
+    rows, anomalies = smi_csv.parse_csv("0, %s\n" % UUID0, gq.GPU_FIELDS)
     assert rows == [] and anomalies == ["0, %s" % UUID0]
 
 
@@ -218,7 +222,7 @@ def test_short_rows_are_anomalies_not_values():
     (127, "", gq.STATUS_NOT_FOUND),
 ])
 def test_driver_failures(rc, stdout, status):
-    failure = gq.detect_driver_failure(rc, stdout, "")
+    failure = smi_csv.detect_driver_failure(rc, stdout, "")
     assert failure["status"] == status
     assert failure["ok"] is False
     assert failure["rc"] == rc
@@ -228,17 +232,17 @@ def test_driver_failures(rc, stdout, status):
 
 def test_driver_failure_is_recognised_from_the_text_alone():
     # Whatever rc a wrapper reports, the stdout text is enough.
-    assert gq.detect_driver_failure(1, RC9_STDOUT)["status"] == gq.STATUS_NOT_LOADED
-    assert gq.detect_driver_failure(1, RC12_STDOUT)["status"] == gq.STATUS_NO_LIBRARY
-    assert gq.detect_driver_failure(1, RC18_STDOUT)["status"] == gq.STATUS_MISMATCH
+    assert smi_csv.detect_driver_failure(1, RC9_STDOUT)["status"] == gq.STATUS_NOT_LOADED
+    assert smi_csv.detect_driver_failure(1, RC12_STDOUT)["status"] == gq.STATUS_NO_LIBRARY
+    assert smi_csv.detect_driver_failure(1, RC18_STDOUT)["status"] == gq.STATUS_MISMATCH
     # ... and the rc alone too, when the text is missing.
-    assert gq.detect_driver_failure(9, "")["status"] == gq.STATUS_NOT_LOADED
-    assert gq.detect_driver_failure(0, "index\n0\n") is None
+    assert smi_csv.detect_driver_failure(9, "")["status"] == gq.STATUS_NOT_LOADED
+    assert smi_csv.detect_driver_failure(0, "index\n0\n") is None
 
 
 @pytest.mark.parametrize("rc, stdout", [(9, RC9_STDOUT), (12, RC12_STDOUT), (18, RC18_STDOUT)])
 def test_snapshot_on_driver_failure_has_no_gpus(rc, stdout):
-    snap = gq.snapshot_from_outputs((rc, stdout, ""), None)
+    snap = smi_csv.snapshot_from_outputs((rc, stdout, ""), None)
     assert snap["driver"]["ok"] is False
     assert snap["gpus"] == []
     assert snap["calls"] == 1
@@ -248,7 +252,7 @@ def test_snapshot_on_driver_failure_has_no_gpus(rc, stdout):
 def test_lost_gpu_line_marks_only_that_gpu():
     text = ("Unable to determine the device handle for GPU 00000000:5D:00.0: Unknown Error\n"
             + smi_gpu_output(TWO_GPUS))
-    snap = gq.snapshot_from_outputs((15, text, ""), (15, text.splitlines()[0] + "\n", ""))
+    snap = smi_csv.snapshot_from_outputs((15, text, ""), (15, text.splitlines()[0] + "\n", ""))
     assert snap["driver"]["ok"] is True
     assert [g["index"] for g in snap["gpus"]] == [0, 1]
     assert snap["lost"] == [{"bus_id": "00000000:5D:00.0", "reason": "Unknown Error", "index": None}]
@@ -264,30 +268,30 @@ def test_lost_gpu_line_marks_only_that_gpu():
     ("Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error", "00000000:3B:00.0"),
 ])
 def test_lost_line_variants(line, bus):
-    assert gq.parse_lost_lines(line + "\n")[0]["bus_id"] == bus
+    assert smi_csv.parse_lost_lines(line + "\n")[0]["bus_id"] == bus
 
 
 def test_bare_gpu_is_lost_message():
-    lost = gq.parse_lost_lines("GPU is lost.  Reboot the system to recover this GPU\n")
+    lost = smi_csv.parse_lost_lines("GPU is lost.  Reboot the system to recover this GPU\n")
     assert lost == [{"bus_id": None, "reason": "GPU is lost.  Reboot the system to recover this GPU", "index": None}]
 
 
 def test_lost_line_on_stderr_is_seen():
-    snap = gq.snapshot_from_outputs(
+    snap = smi_csv.snapshot_from_outputs(
         (15, smi_gpu_output(TWO_GPUS), "Unable to determine the device handle for GPU 00000000:5D:00.0: Unknown Error\n"),
         (0, "", ""))
     assert snap["lost"][0]["bus_id"] == "00000000:5D:00.0"
 
 
 def test_unexpected_failure_is_retryable_error():
-    snap = gq.snapshot_from_outputs((255, "Something odd happened\n", ""), None)
+    snap = smi_csv.snapshot_from_outputs((255, "Something odd happened\n", ""), None)
     assert snap["driver"]["status"] == gq.STATUS_ERROR and snap["driver"]["fatal"] is False
-    snap = gq.snapshot_from_outputs((124, "", "timed out"), None)
+    snap = smi_csv.snapshot_from_outputs((124, "", "timed out"), None)
     assert snap["driver"]["status"] == gq.STATUS_TIMEOUT
 
 
 def test_process_query_failure_is_reported():
-    snap = gq.snapshot_from_outputs((0, smi_gpu_output(TWO_GPUS), ""), (255, "oops\n", ""))
+    snap = smi_csv.snapshot_from_outputs((0, smi_gpu_output(TWO_GPUS), ""), (255, "oops\n", ""))
     assert snap["driver"]["status"] == gq.STATUS_ERROR
     assert "process query failed" in snap["driver"]["message"]
 
@@ -302,7 +306,7 @@ def test_snapshot_attaches_processes_and_duplicate_pids():
             "%s, 777, 27 MiB, nvidia-cuda-mps-server\n"
             "%s, 1328667, 70000 MiB, /usr/bin/python3\n"
             "GPU-ffffffff-0000-0000-0000-000000000000, 9, 1 MiB, ghost\n" % (UUID0, UUID1, UUID0.upper()))
-    snap = gq.snapshot_from_outputs((0, smi_gpu_output(TWO_GPUS), ""), (0, apps, ""))
+    snap = smi_csv.snapshot_from_outputs((0, smi_gpu_output(TWO_GPUS), ""), (0, apps, ""))
     assert snap["calls"] == 2
     assert [p["pid"] for p in snap["gpus"][0]["processes"]] == [777, 1328667]
     assert [p["pid"] for p in snap["gpus"][1]["processes"]] == [777]
@@ -320,7 +324,7 @@ def test_holders_unknown_memory_makes_the_sum_unknown():
 
 
 def _snap():
-    return gq.snapshot_from_outputs((0, smi_gpu_output(TWO_GPUS), ""), (0, "", ""))
+    return smi_csv.snapshot_from_outputs((0, smi_gpu_output(TWO_GPUS), ""), (0, "", ""))
 
 
 @pytest.mark.parametrize("selectors, expected", [
@@ -350,7 +354,7 @@ def test_select_gpus_errors_name_the_gpus_present():
 
 def test_select_index_of_a_lost_gpu_maps_to_the_lost_bus_id():
     text = "Unable to determine the device handle for GPU 00000000:5D:00.0: Unknown Error\n" + smi_gpu_output(TWO_GPUS)
-    snap = gq.snapshot_from_outputs((15, text, ""), (0, "", ""))
+    snap = smi_csv.snapshot_from_outputs((15, text, ""), (0, "", ""))
     chosen, errors = gq.select_gpus(snap, [2, "5D:00.0"])
     assert errors == []
     assert len(chosen) == 1
@@ -387,7 +391,7 @@ class FakeRunner:
 def test_nvidia_smi_backend_makes_two_calls_for_all_gpus():
     runner = FakeRunner([(0, smi_gpu_output(TWO_GPUS, units=False), ""),
                          (0, "%s, 42, 70000, python3\n" % UUID0, "")])
-    backend = gq.NvidiaSmiBackend(runner, "/usr/bin/nvidia-smi")
+    backend = gpu_backends.NvidiaSmiBackend(runner, "/usr/bin/nvidia-smi")
     snap = backend.snapshot()
     assert snap["calls"] == 2 and len(runner.calls) == 2
     assert runner.calls[0] == ["/usr/bin/nvidia-smi", "--query-gpu=" + ",".join(gq.GPU_FIELDS), "--format=csv,nounits"]
@@ -404,7 +408,7 @@ def test_nvidia_smi_backend_falls_back_without_memory_reserved():
     runner = FakeRunner([(2, 'Field "memory.reserved" is not a valid field to query.\n\n', ""),
                          (0, old, ""), (0, "", ""),
                          (0, old, ""), (0, "", "")])
-    backend = gq.NvidiaSmiBackend(runner)
+    backend = gpu_backends.NvidiaSmiBackend(runner)
     snap = backend.snapshot()
     assert snap["calls"] == 3
     assert "memory.reserved" not in runner.calls[1][1]
@@ -416,7 +420,7 @@ def test_nvidia_smi_backend_falls_back_without_memory_reserved():
 
 def test_nvidia_smi_backend_stops_after_a_driver_failure():
     runner = FakeRunner([(9, RC9_STDOUT, "")])
-    snap = gq.NvidiaSmiBackend(runner).snapshot()
+    snap = gpu_backends.NvidiaSmiBackend(runner).snapshot()
     assert len(runner.calls) == 1
     assert snap["driver"]["status"] == gq.STATUS_NOT_LOADED
 
@@ -521,7 +525,7 @@ DEV1 = {"uuid": UUID1, "name": "NVIDIA H200", "bus": "00000000:2A:00.0", "total"
 
 def test_nvml_backend_snapshot():
     lib = fake_nvml([DEV0, DEV1])
-    backend = gq.NvmlBackend(lib)
+    backend = gpu_backends.NvmlBackend(lib)
     snap = backend.snapshot()
     assert snap["backend"] == "nvml" and snap["driver"]["ok"]
     gpu0 = snap["gpus"][0]
@@ -538,7 +542,7 @@ def test_nvml_backend_snapshot():
 
 def test_nvml_backend_lost_gpu_and_memory_error():
     lib = fake_nvml([DEV0, 15, dict(DEV1, mem_error=999)])
-    snap = gq.NvmlBackend(lib).snapshot()
+    snap = gpu_backends.NvmlBackend(lib).snapshot()
     assert snap["gpus"][1]["lost"] is True and snap["gpus"][1]["index"] == 1
     assert snap["gpus"][2]["lost"] is True and snap["gpus"][2]["used_mib"] is None
     chosen, errors = gq.select_gpus(snap)
@@ -548,26 +552,26 @@ def test_nvml_backend_lost_gpu_and_memory_error():
 @pytest.mark.parametrize("code, status", [(9, gq.STATUS_NOT_LOADED), (12, gq.STATUS_NO_LIBRARY),
                                           (18, gq.STATUS_MISMATCH), (999, gq.STATUS_NVML_INIT)])
 def test_nvml_backend_init_failures(code, status):
-    snap = gq.NvmlBackend(fake_nvml([], init_error=code)).snapshot()
+    snap = gpu_backends.NvmlBackend(fake_nvml([], init_error=code)).snapshot()
     assert snap["driver"]["status"] == status and snap["gpus"] == []
 
 
 def test_open_backend_selection():
     runner = FakeRunner([])
-    backend, note = gq.open_backend("nvidia-smi", runner, "/x/nvidia-smi", nvml=fake_nvml([DEV0]))
+    backend, note = gpu_backends.open_backend("nvidia-smi", runner, "/x/nvidia-smi", nvml=fake_nvml([DEV0]))
     assert backend.name == "nvidia-smi" and note is None
-    backend, note = gq.open_backend("auto", runner, nvml=fake_nvml([DEV0]))
+    backend, note = gpu_backends.open_backend("auto", runner, nvml=fake_nvml([DEV0]))
     assert backend.name == "nvml" and note is None
-    backend, note = gq.open_backend("auto", runner, nvml=fake_nvml([DEV0], init_error=9))
+    backend, note = gpu_backends.open_backend("auto", runner, nvml=fake_nvml([DEV0], init_error=9))
     assert backend.name == "nvidia-smi" and "Driver Not Loaded" in note
-    backend, note = gq.open_backend("auto", runner, nvml=fake_nvml([DEV0], v2=False))
+    backend, note = gpu_backends.open_backend("auto", runner, nvml=fake_nvml([DEV0], v2=False))
     assert backend.name == "nvidia-smi" and "nvmlMemory_v2" in note
     with pytest.raises(gq.BackendUnavailable):
-        gq.open_backend("nvml", runner, nvml=fake_nvml([DEV0], init_error=12))
+        gpu_backends.open_backend("nvml", runner, nvml=fake_nvml([DEV0], init_error=12))
     with pytest.raises(gq.BackendUnavailable):
-        gq.open_backend("bogus", runner)
-    if not gq.HAS_PYNVML:
-        backend, note = gq.open_backend("auto", runner)
+        gpu_backends.open_backend("bogus", runner)
+    if not gpu_backends.HAS_PYNVML:
+        backend, note = gpu_backends.open_backend("auto", runner)
         assert backend.name == "nvidia-smi" and "not installed" in note
         with pytest.raises(gq.BackendUnavailable):
-            gq.NvmlBackend()
+            gpu_backends.NvmlBackend()

@@ -1,4 +1,4 @@
-"""The node journal (module_utils/journal.py) on real files under tmp_path."""
+"""The node journal (module_utils/redeploy/journal.py) on real files under tmp_path."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal
 
 T0 = 1_800_000_000.0
 

@@ -1,4 +1,4 @@
-"""The node lease (module_utils/lease.py), judged on real directories and real processes.
+"""The node lease (module_utils/redeploy/lease.py), judged on real directories and real processes.
 
 "Alive" and "dead" PIDs are real children of this test (``python3 -c 'import time; time.sleep(30)'``),
 killed and reaped by PID. The wall clock of the lease (``now_fn``) and the wait clock
@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease
 
 NOW = 1_900_000_000.0       # the lease's wall clock in these tests (a fixed epoch second)
 

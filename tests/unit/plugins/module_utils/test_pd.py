@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import pd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import pd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "simulator"))
 

@@ -1,4 +1,4 @@
-"""Helpers of the preflight (module_utils/preflight.py).
+"""Helpers of the preflight (module_utils/redeploy/survey.py).
 
 classify_holders runs on a synthetic process table (procfs.ProcInfo) whose PIDs lie above the
 kernel's largest possible pid_max (2**22), so no real process can stand in for them; only the
@@ -13,10 +13,10 @@ import socket
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import preflight as pf
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
-from ansible_collections.gpufleet.sglang.plugins.module_utils.procfs import ProcInfo
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import survey as pf
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node.procfs import ProcInfo
 
 B = 5_000_000       # above any pid_max
 

@@ -1,4 +1,4 @@
-"""Tests for module_utils/procfs.py on synthetic /proc trees and on the live /proc.
+"""Tests for module_utils/node/procfs.py on synthetic /proc trees and on the live /proc.
 
 The only processes started here are short-lived children of the test process
 itself (forked for signal and zombie checks); each is killed and reaped by PID.
@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import stop
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import stop
 
 
 # ---------------------------------------------------------------------------
@@ -92,7 +93,7 @@ def test_parse_cgroup_skips_malformed_lines():
     (["x", "--api-keys", "visible"], ["x", "--api-keys", "visible"]),
 ])
 def test_mask_secrets(argv, masked):
-    assert procfs.mask_secrets(argv) == masked
+    assert secrets.mask_argv(argv) == masked
 
 
 def test_state_names_and_exited():
@@ -194,7 +195,6 @@ def test_read_one_process(fake):
     assert procfs.read_proc(999, str(fake.root)) is None
     assert procfs.read_comm(999, str(fake.root)) is None
     assert procfs.read_uid(999, str(fake.root)) is None
-    assert procfs.pid_exists(101, str(fake.root)) and not procfs.pid_exists(999, str(fake.root))
 
 
 def test_ancestors_stop_on_cycles_and_missing_parents():

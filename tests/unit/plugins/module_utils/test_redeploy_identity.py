@@ -1,4 +1,4 @@
-"""A launch's identity and the plan's action (module_utils/redeploy.py).
+"""A launch's identity and the plan's action (module_utils/redeploy/identity.py).
 
 The decide() table is checked against a model written here from the docstrings and issue 12
 ("a healthy server counts as deployed only when its config is the promoted known-good").
@@ -13,9 +13,9 @@ import stat
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal
-from ansible_collections.gpufleet.sglang.plugins.module_utils import redeploy
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
 
 SALT = "a1" * 32
 BASE_ARGS = {"model_path": "/models/llama", "tp_size": 2, "mem_fraction_static": 0.85, "enable_metrics": True,
@@ -25,12 +25,12 @@ BASE_ENV = {"CUDA_HOME": "/usr/local/cuda", "NCCL_DEBUG": "WARN"}
 
 def ident(args=None, env=None, version="0.5.23", manager="systemd", python="/opt/venv/bin/python", chdir=None,
           salt=SALT, secret_args=("api_key",)):
-    return redeploy.identity(version, manager, python, BASE_ARGS if args is None else args,
+    return identity.identity(version, manager, python, BASE_ARGS if args is None else args,
                              BASE_ENV if env is None else env, chdir, salt, secret_args=secret_args)
 
 
 def fp(**kw):
-    return redeploy.fingerprint(ident(**kw))
+    return identity.fingerprint(ident(**kw))
 
 
 # ---------------------------------------------------------------------------
@@ -145,14 +145,14 @@ def test_digest_is_not_a_plain_hash_of_the_secret():
 
 
 def test_changed_secret_changes_fingerprint():
-    base = redeploy.fingerprint(secret_ident())
-    assert redeploy.fingerprint(secret_ident()) == base
-    assert redeploy.fingerprint(secret_ident(api_key=SECRET + "x")) != base
-    assert redeploy.fingerprint(secret_ident(hf=HF + "x")) != base
+    base = identity.fingerprint(secret_ident())
+    assert identity.fingerprint(secret_ident()) == base
+    assert identity.fingerprint(secret_ident(api_key=SECRET + "x")) != base
+    assert identity.fingerprint(secret_ident(hf=HF + "x")) != base
 
 
 def test_other_salt_changes_fingerprint_of_secrets():
-    assert redeploy.fingerprint(secret_ident(salt="b2" * 32)) != redeploy.fingerprint(secret_ident())
+    assert identity.fingerprint(secret_ident(salt="b2" * 32)) != identity.fingerprint(secret_ident())
 
 
 def test_salt_does_not_matter_without_secrets():
@@ -174,7 +174,7 @@ def test_secret_flag_spelling_is_digested():
 
 
 def test_secret_number_spellings():
-    assert redeploy.fingerprint(secret_ident(api_key=1234)) == redeploy.fingerprint(secret_ident(api_key="1234"))
+    assert identity.fingerprint(secret_ident(api_key=1234)) == identity.fingerprint(secret_ident(api_key="1234"))
 
 
 # ---------------------------------------------------------------------------
@@ -182,46 +182,46 @@ def test_secret_number_spellings():
 # ---------------------------------------------------------------------------
 
 def test_read_salt_missing_without_create(tmp_path):
-    assert redeploy.read_salt(str(tmp_path)) == ""
+    assert identity.read_salt(str(tmp_path)) == ""
     assert os.listdir(str(tmp_path)) == []
 
 
 def test_read_salt_create_and_reuse(tmp_path):
     state = tmp_path / "state" / "deep"
-    value = redeploy.read_salt(str(state), create=True)
+    value = identity.read_salt(str(state), create=True)
     assert re.match(r"^[0-9a-f]{64}$", value)
-    path = state / redeploy.SALT_NAME
+    path = state / identity.SALT_NAME
     assert stat.S_IMODE(os.stat(str(path)).st_mode) == 0o600
     assert path.read_text().strip() == value
-    assert redeploy.read_salt(str(state)) == value
-    assert redeploy.read_salt(str(state), create=True) == value
-    assert sorted(os.listdir(str(state))) == [redeploy.SALT_NAME]
+    assert identity.read_salt(str(state)) == value
+    assert identity.read_salt(str(state), create=True) == value
+    assert sorted(os.listdir(str(state))) == [identity.SALT_NAME]
 
 
 def test_read_salt_each_node_its_own(tmp_path):
-    assert redeploy.read_salt(str(tmp_path / "a"), create=True) != redeploy.read_salt(str(tmp_path / "b"), create=True)
+    assert identity.read_salt(str(tmp_path / "a"), create=True) != identity.read_salt(str(tmp_path / "b"), create=True)
 
 
 def test_read_salt_empty_file_is_replaced_on_create(tmp_path):
-    (tmp_path / redeploy.SALT_NAME).write_text("\n")
-    assert redeploy.read_salt(str(tmp_path)) == ""
-    value = redeploy.read_salt(str(tmp_path), create=True)
-    assert len(value) == 64 and redeploy.read_salt(str(tmp_path)) == value
+    (tmp_path / identity.SALT_NAME).write_text("\n")
+    assert identity.read_salt(str(tmp_path)) == ""
+    value = identity.read_salt(str(tmp_path), create=True)
+    assert len(value) == 64 and identity.read_salt(str(tmp_path)) == value
 
 
 # ---------------------------------------------------------------------------
-# differences / format_differences
+# differences / format_difference
 # ---------------------------------------------------------------------------
 
 def test_no_differences_for_equal_identities():
-    assert redeploy.differences(ident(), ident(args=dict(reversed(list(BASE_ARGS.items()))))) == []
+    assert identity.differences(ident(), ident(args=dict(reversed(list(BASE_ARGS.items()))))) == []
 
 
 def test_differences_name_each_field():
     before = ident()
     after = ident(args=dict(BASE_ARGS, tp_size=4, enable_metrics=False, chunked_prefill_size=4096),
                   env=dict(BASE_ENV, NCCL_DEBUG="INFO"), version="0.5.10")
-    diffs = redeploy.differences(before, after)
+    diffs = identity.differences(before, after)
     by_field = dict((d["field"], (d["before"], d["after"])) for d in diffs)
     assert by_field == {
         "version": ("0.5.23", "0.5.10"),
@@ -230,7 +230,7 @@ def test_differences_name_each_field():
         "args.chunked_prefill_size": (None, 4096.0),
         "env.NCCL_DEBUG": ("WARN", "INFO"),
     }
-    text = redeploy.format_differences(diffs)
+    text = "; ".join(identity.format_difference(d) for d in diffs)
     assert "args.tp_size: 2 -> 4" in text
     assert "args.enable_metrics: True -> unset" in text
     assert "args.chunked_prefill_size: unset -> 4096" in text
@@ -238,7 +238,7 @@ def test_differences_name_each_field():
 
 
 def test_differences_with_missing_identity():
-    diffs = redeploy.differences(None, ident())
+    diffs = identity.differences(None, ident())
     assert {"field": "version", "before": None, "after": "0.5.23"} in diffs
     assert {"field": "args.tp_size", "before": None, "after": 2.0} in diffs
 
@@ -246,9 +246,9 @@ def test_differences_with_missing_identity():
 def test_secret_differences_are_masked():
     before = secret_ident()
     after = secret_ident(api_key="sk-another-one", hf=HF)
-    diffs = redeploy.differences(before, after)
+    diffs = identity.differences(before, after)
     assert [d["field"] for d in diffs] == ["args.api_key"]
-    text = redeploy.format_differences(diffs) + json.dumps(diffs)
+    text = "; ".join(identity.format_difference(d) for d in diffs) + json.dumps(diffs)
     for leaked in (SECRET, "sk-another-one", before["args"]["api_key"], after["args"]["api_key"], "hmac-sha256"):
         assert leaked not in text
     assert secrets.MASK in text and "changed" in text
@@ -257,23 +257,20 @@ def test_secret_differences_are_masked():
 def test_secret_added_or_removed_is_masked():
     plain = ident()
     with_key = ident(args=dict(BASE_ARGS, api_key=SECRET))
-    added = redeploy.differences(plain, with_key)
+    added = identity.differences(plain, with_key)
     assert added[0]["field"] == "args.api_key" and added[0]["before"] is None and secrets.MASK in added[0]["after"]
-    removed = redeploy.differences(with_key, plain)
+    removed = identity.differences(with_key, plain)
     assert removed[0]["before"] == secrets.MASK and removed[0]["after"] is None
     for diffs in (added, removed):
-        text = redeploy.format_differences(diffs)
+        text = "; ".join(identity.format_difference(d) for d in diffs)
         assert SECRET not in text and "hmac" not in text and "unset" in text
 
 
-def test_format_differences_limit_and_values():
-    diffs = [{"field": "args.f%02d" % i, "before": i, "after": i + 1} for i in range(15)]
-    text = redeploy.format_differences(diffs, limit=12)
-    assert text.count("->") == 12 and text.endswith("... 3 more")
-    assert "args.f12" not in text
-    assert redeploy.format_differences(diffs[:2]) == "args.f00: 0 -> 1; args.f01: 1 -> 2"
-    assert redeploy.format_differences([]) == ""
-    nested = redeploy.format_differences([{"field": "args.x", "before": [1.0, 2.5], "after": {"b": 1, "a": 2}}])
+def test_format_difference_values():
+    diffs = [{"field": "args.f%02d" % i, "before": i, "after": i + 1} for i in range(2)]
+    assert [identity.format_difference(d) for d in diffs] == ["args.f00: 0 -> 1", "args.f01: 1 -> 2"]
+    assert identity.format_difference({"field": "args.tp_size", "before": 8.0, "after": -1.0}) == "args.tp_size: 8 -> -1"
+    nested = identity.format_difference({"field": "args.x", "before": [1.0, 2.5], "after": {"b": 1, "a": 2}})
     assert nested == 'args.x: [1.0, 2.5] -> {"a": 2, "b": 1}'
 
 
@@ -317,19 +314,19 @@ def model(running_name, entry, force):
     running, kg = RUNNING[running_name]
     interrupted = bool(entry.get("run_id")) and entry.get("step") not in journal.SETTLED
     if running is None:
-        return redeploy.START, interrupted
+        return identity.START, interrupted
     if force:
-        return redeploy.RESTART, interrupted
+        return identity.RESTART, interrupted
     if running["fingerprint"] != INTENDED or running["fingerprint"] is None:
-        return redeploy.RESTART, interrupted
+        return identity.RESTART, interrupted
     candidate = (entry.get("candidate") or {}).get("fingerprint")
     launched = entry.get("step") in MAY_HAVE_LAUNCHED or (entry.get("step") == journal.INTERRUPTED and candidate)
     fresh = interrupted and candidate == INTENDED and launched
     if kg == INTENDED and not fresh and running["healthy"] is not False:
-        return redeploy.NONE, False
+        return identity.NONE, False
     # Unpromoted, started by the interrupted run (never passed the smoke gate), or not answering its
     # health check: gate it again (health, config check, smoke), then promote or roll back.
-    return redeploy.VERIFY, interrupted
+    return identity.VERIFY, interrupted
 
 
 def _table():
@@ -343,22 +340,22 @@ def _table():
 @pytest.mark.parametrize("rname, entry, force", list(_table()))
 def test_decide_table(rname, entry, force):
     running, kg = RUNNING[rname]
-    got = redeploy.decide(INTENDED, running, kg, entry, force)
+    got = identity.decide(INTENDED, running, kg, entry, force)
     action, recovering = model(rname, entry, force)
     interrupted = journal.unfinished(entry)
     assert set(got) == {"action", "why", "recovering", "interrupted"}
     assert got["action"] == action, got["why"]
     assert got["recovering"] is recovering
     assert got["interrupted"] is interrupted
-    assert got["action"] in redeploy.ACTIONS
+    assert got["action"] in identity.ACTIONS
     assert got["why"]
     # The reason names the interrupted run where the action continues from it.
-    if interrupted and not force and (got["action"] == redeploy.START or (
-            got["action"] == redeploy.VERIFY and running["healthy"] is not False)):
+    if interrupted and not force and (got["action"] == identity.START or (
+            got["action"] == identity.VERIFY and running["healthy"] is not False)):
         assert "r-prev" in got["why"] and entry["step"] in got["why"]
-    if got["action"] == redeploy.VERIFY and running["healthy"] is False and kg == INTENDED:
+    if got["action"] == identity.VERIFY and running["healthy"] is False and kg == INTENDED:
         assert "health check" in got["why"] or "r-prev" in got["why"]
-    if got["action"] == redeploy.RESTART and not force and running["fingerprint"] != INTENDED:
+    if got["action"] == identity.RESTART and not force and running["fingerprint"] != INTENDED:
         assert str(running["pid"]) in got["why"]
         if interrupted:
             assert "r-prev" in got["why"]
@@ -368,17 +365,17 @@ def test_decide_table(rname, entry, force):
 
 def test_decide_reasons_distinguish_the_cases():
     healthy = {"pid": 7, "fingerprint": INTENDED, "source": "managed", "healthy": True}
-    none = redeploy.decide(INTENDED, healthy, INTENDED, {})
+    none = identity.decide(INTENDED, healthy, INTENDED, {})
     assert "promoted" in none["why"]
-    unpromoted = redeploy.decide(INTENDED, healthy, OLD, {})
+    unpromoted = identity.decide(INTENDED, healthy, OLD, {})
     assert "never promoted" in unpromoted["why"] and "smoke" in unpromoted["why"]
-    no_kg = redeploy.decide(INTENDED, healthy, None, {})
+    no_kg = identity.decide(INTENDED, healthy, None, {})
     assert "no known-good" in no_kg["why"]
-    adopted = redeploy.decide(INTENDED, {"pid": 8, "fingerprint": None, "source": "adopted", "healthy": True}, OLD, {})
+    adopted = identity.decide(INTENDED, {"pid": 8, "fingerprint": None, "source": "adopted", "healthy": True}, OLD, {})
     assert "not started by this collection" in adopted["why"] and "8" in adopted["why"]
-    unhealthy = redeploy.decide(INTENDED, dict(healthy, healthy=False), INTENDED, {})
-    assert unhealthy["action"] == redeploy.VERIFY and "health check" in unhealthy["why"]
-    start = redeploy.decide(INTENDED, None, INTENDED, {"run_id": "r9", "step": journal.TORN_DOWN})
+    unhealthy = identity.decide(INTENDED, dict(healthy, healthy=False), INTENDED, {})
+    assert unhealthy["action"] == identity.VERIFY and "health check" in unhealthy["why"]
+    start = identity.decide(INTENDED, None, INTENDED, {"run_id": "r9", "step": journal.TORN_DOWN})
     assert "left no server running" in start["why"] and "r9" in start["why"]
 
 
@@ -387,8 +384,8 @@ def test_decide_issue_12_case_1_interrupted_candidate_is_not_reported_fine():
     # finish the verification, never say "unchanged".
     entry = {"run_id": "r1", "step": journal.LAUNCHING, "candidate": {"pid": 55, "fingerprint": INTENDED},
              "known_good": {"fingerprint": OLD}}
-    got = redeploy.decide(INTENDED, {"pid": 55, "fingerprint": INTENDED, "source": "managed", "healthy": True}, OLD, entry)
-    assert got["action"] == redeploy.VERIFY and got["recovering"] and got["interrupted"]
+    got = identity.decide(INTENDED, {"pid": 55, "fingerprint": INTENDED, "source": "managed", "healthy": True}, OLD, entry)
+    assert got["action"] == identity.VERIFY and got["recovering"] and got["interrupted"]
     assert "r1" in got["why"] and "smoke" in got["why"]
 
 
@@ -404,7 +401,7 @@ def test_interrupted_step_after_launch_of_promoted_config_is_verified():
     running = {"pid": 100, "fingerprint": INTENDED, "source": "managed", "healthy": True}
     killed = {"run_id": "r-prev", "step": journal.LAUNCHING, "candidate": {"pid": 100, "fingerprint": INTENDED}}
     termed = dict(killed, step=journal.INTERRUPTED)
-    assert redeploy.decide(INTENDED, running, INTENDED, killed)["action"] == redeploy.VERIFY
-    got = redeploy.decide(INTENDED, running, INTENDED, termed)
-    assert got["action"] == redeploy.VERIFY, got["why"]
+    assert identity.decide(INTENDED, running, INTENDED, killed)["action"] == identity.VERIFY
+    got = identity.decide(INTENDED, running, INTENDED, termed)
+    assert got["action"] == identity.VERIFY, got["why"]
     assert got["recovering"] is True

@@ -1,8 +1,8 @@
-"""The collection's one set of secret rules (plugins/module_utils/secrets.py).
+"""The collection's one set of secret rules (plugins/module_utils/common/secrets.py).
 
 Each secret form is fed through every public entry point (argv, text, env,
-redact), through the helpers other files delegate to (procfs.mask_secrets,
-sglang_process.*, the sglang_mask filter), and checked to come out masked
+redact), through the helpers other files delegate to (node/supervise.py,
+the sglang_mask filter), and checked to come out masked
 while look-alike names and values stay as they are.
 """
 from __future__ import annotations
@@ -12,9 +12,8 @@ import json
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.filter.sglang_mask import mask as filter_mask
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import secrets as s
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as s
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 
 M = s.MASK
 KEY = "sk-live-4f9a0c"
@@ -59,7 +58,6 @@ ARGV_CASES = [
 @pytest.mark.parametrize("argv,expected", ARGV_CASES)
 def test_mask_argv_every_form(argv, expected):
     assert s.mask_argv(argv) == expected
-    assert procfs.mask_secrets(argv) == expected            # the /proc readers' entry point
     assert sp.mask_argv(argv) == expected                   # the launch module's entry point
     assert filter_mask(argv) == expected                    # the sglang_mask filter
     assert s.redact({"argv": argv}) == {"argv": expected}   # reports and module results

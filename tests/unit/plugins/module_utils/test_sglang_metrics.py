@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_metrics as sm
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import metrics as sm
 
 # Label order and value format as prometheus_client writes them for SGLang 0.5.23's
 # scheduler collector (labelnames model_name, engine_type, tp_rank, pp_rank, moe_ep_rank).

@@ -7,7 +7,7 @@ import runpy
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import flags, rules, versions
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import flags, resolve, rules, versions
 
 REPO = pathlib.Path(__file__).resolve().parents[4]
 DOC = REPO / "docs" / "reference" / "sglang-rules.md"
@@ -44,20 +44,20 @@ def test_code_cites_existing_sections():
 
 
 @pytest.mark.parametrize("rule_id", sorted(rules.BY_ID))
-def test_explain_adjustment_uses_the_adjustment(rule_id):
+def test_explain_uses_the_adjustment(rule_id):
     adj = {"arg": rules.BY_ID[rule_id]["arg"] or "speculative_num_steps", "from": 3, "to": 1, "rule": rule_id}
-    line = rules.explain_adjustment(adj, 3, 1, version="0.5.23")
+    line = resolve.explain(adj["arg"], 3, 1, version="0.5.23", adjustments=[adj])
     assert line.startswith("%s: intended 3, running 1 \u2014 " % adj["arg"])
     assert rules.rule_text(rule_id, adj["arg"], 3, 1) in line
 
 
-def test_explain_adjustment_falls_back_when_the_value_does_not_fit():
+def test_explain_falls_back_when_the_value_does_not_fit():
     adj = {"arg": "speculative_num_draft_tokens", "from": 16, "to": 2, "rule": "eagle.topk1_draft_tokens"}
-    assert "set speculative_num_steps: 15" in rules.explain_adjustment(adj, 16, 2)
+    assert "set speculative_num_steps: 15" in resolve.explain(adj["arg"], 16, 2, adjustments=[adj])
     # the server runs something the rule did not produce: no rule claims it
-    line = rules.explain_adjustment(adj, 16, 7, args={"speculative_eagle_topk": 4})
-    assert "no known SGLang rule" in line
-    line = rules.explain_adjustment(None, None, 48, arg="max_running_requests", version="0.5.10")
+    line = resolve.explain(adj["arg"], 16, 7, args={"speculative_eagle_topk": 4}, adjustments=[adj])
+    assert "no known SGLang 0.5.23 rule" in line
+    line = resolve.explain("max_running_requests", None, 48, version="0.5.10", adjustments=[])
     assert "resets an unset max_running_requests to 48" in line
-    line = rules.explain_adjustment(None, "a", "b", arg="api_key", secret_args=flags.SECRET_ARGS)
+    line = resolve.explain("api_key", "a", "b", adjustments=[])
     assert "intended ********, running ********" in line and "a," not in line

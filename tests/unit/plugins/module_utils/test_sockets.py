@@ -1,4 +1,4 @@
-"""Tests for module_utils/sockets.py: /proc/net/tcp(6) parsing on literal kernel text, owners
+"""Tests for module_utils/node/sockets.py: /proc/net/tcp(6) parsing on literal kernel text, owners
 from a synthetic /proc tree, and real loopback sockets this test opens (listeners on IPv4 and
 IPv6, a port held only by TIME_WAIT, waiting for a port to be free).
 
@@ -12,8 +12,8 @@ import socket
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sockets
-from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 # Literal /proc/net/tcp text (kernel 5.15): port 0x7530 = 30000 listening on 127.0.0.1 (inode
 # 707858), an ESTABLISHED connection to it (01, must be ignored), port 0x07E8 = 2024 listening on

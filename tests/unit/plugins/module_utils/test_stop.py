@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
-from ansible_collections.gpufleet.sglang.plugins.module_utils import stop
-from ansible_collections.gpufleet.sglang.plugins.module_utils import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import stop
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 
 
 # ---------------------------------------------------------------------------

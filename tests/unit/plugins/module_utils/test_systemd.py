@@ -1,9 +1,9 @@
-"""module_utils/systemd.py with a fake ``run`` that records each argv."""
+"""module_utils/node/systemd.py with a fake ``run`` that records each argv."""
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
 
 SYSTEMCTL = "/usr/bin/systemctl"
 UNIT = "sglang-llama.service"

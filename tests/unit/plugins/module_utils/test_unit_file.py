@@ -1,4 +1,4 @@
-"""The systemd unit of one server (module_utils/sglang/unit.py), read back the way systemd reads it.
+"""The systemd unit of one server (module_utils/server/unit.py), read back the way systemd reads it.
 
 The readers below follow systemd's own parsers (src/core/load-fragment.c, src/basic/env-file.c):
 
@@ -16,12 +16,12 @@ import re
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import redeploy
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import unit
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import unit
 
 PY = "/opt/sglang/venv/bin/python"
 FLAGS = ["--model-path", "/models/llama", "--tp-size", "2", "--port", "30000"]
-FP = redeploy.fingerprint(redeploy.identity("0.5.23", "systemd", PY, {"model_path": "/models/llama", "tp_size": 2}))
+FP = identity.fingerprint(identity.identity("0.5.23", "systemd", PY, {"model_path": "/models/llama", "tp_size": 2}))
 
 
 def render(**kw):
@@ -136,7 +136,7 @@ def lines_of(text, key):
 def test_identity_round_trips():
     text = render()
     assert unit.identity_of(text) == FP
-    other = redeploy.fingerprint(redeploy.identity("0.5.23", "systemd", PY, {"model_path": "/models/llama", "tp_size": 4}))
+    other = identity.fingerprint(identity.identity("0.5.23", "systemd", PY, {"model_path": "/models/llama", "tp_size": 4}))
     assert other != FP and unit.identity_of(render(fingerprint=other)) == other
 
 

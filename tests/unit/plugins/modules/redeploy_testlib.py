@@ -29,7 +29,7 @@ import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 
 REPO = pathlib.Path(__file__).resolve().parents[4]
 SIM_BIN = REPO / "simulator" / "bin"

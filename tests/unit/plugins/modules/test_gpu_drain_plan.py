@@ -1,11 +1,11 @@
-"""Root selection and drain planning (module_utils/drain_plan.py), as pure functions over synthetic process tables."""
+"""Root selection and drain planning (module_utils/gpu/teardown_plan.py), as pure functions over synthetic process tables."""
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain_plan as gd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown_plan as gd
 
 SVC = "/system.slice/sglang-main.service"
 ANSIBLE_CHAIN = (9000, 8999, 8998)      # the module, its AnsiballZ wrapper, ansible-playbook
@@ -344,10 +344,10 @@ def test_is_supervisor_and_ansible_detection():
 
 
 def test_holder_lines_for_diff():
-    text = drain.holder_lines([{"pid": 5, "name": "x", "gpus": [0, 1], "used_mib": None},
-                               {"pid": 4, "name": None, "gpus": [2], "used_mib": 10}])
+    text = teardown.holder_lines([{"pid": 5, "name": "x", "gpus": [0, 1], "used_mib": None},
+                                  {"pid": 4, "name": None, "gpus": [2], "used_mib": 10}])
     assert text == "PID 4 ? on GPU 2: 10 MiB\nPID 5 x on GPU 0,1: ?\n"
-    assert drain.holder_lines([]) == ""
+    assert teardown.holder_lines([]) == ""
 
 
 # ---------------------------------------------------------------------------

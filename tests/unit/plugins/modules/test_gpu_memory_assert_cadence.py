@@ -1,4 +1,4 @@
-"""The memory assert (module_utils/gpu_verify.py) polls on a fixed cadence: a poll's own duration comes off the wait.
+"""The memory assert (module_utils/gpu/verify.py) polls on a fixed cadence: a poll's own duration comes off the wait.
 
 A fake clock advances only through the engine's sleeps and the simulated
 duration of each poll, so the schedule is exact. The engine is the one
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_target
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
 
 
 def _gpu(used, mig="Disabled"):

@@ -18,10 +18,10 @@ import pytest
 
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import drain
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_query
-from ansible_collections.gpufleet.sglang.plugins.module_utils import gpu_verify
-from ansible_collections.gpufleet.sglang.plugins.module_utils import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 from ansible_collections.gpufleet.sglang.plugins.modules import gpu_drain
 from ansible_collections.gpufleet.sglang.plugins.modules import gpu_memory_assert as gma
 
@@ -206,7 +206,7 @@ def test_drain_lost_gpu_is_reported(sim, capsys, monkeypatch):
     ({"nvidia_smi": "/nonexistent/nvidia-smi"}, "nvidia_smi: /nonexistent/nvidia-smi is not an executable file"),
 ])
 def test_drain_option_errors(sim, capsys, args, words):
-    if args.get("backend") == "nvml" and gpu_query.HAS_PYNVML:
+    if args.get("backend") == "nvml" and gpu_backends.HAS_PYNVML:
         pytest.skip("pynvml is installed here")
     res = run(gpu_drain, args, capsys)
     assert res["failed"]
@@ -215,7 +215,7 @@ def test_drain_option_errors(sim, capsys, args, words):
 
 def test_drain_without_nvidia_smi_on_path(sim, capsys, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr(gpu_query, "HAS_PYNVML", False)
+    monkeypatch.setattr(gpu_backends, "HAS_PYNVML", False)
     res = run(gpu_drain, {}, capsys)
     assert res["failed"] and "nvidia-smi was not found" in res["msg"]
 
@@ -227,17 +227,17 @@ def test_unit_info_uses_systemctl_only_when_systemd_runs(monkeypatch):
         calls.append((argv, timeout))
         return 0, "MainPID=2000\nControlGroup=/system.slice/sglang-main.service\n", ""
 
-    engine = drain._Drain(drain.defaults(), runner, False, None, which=lambda name: "/bin/systemctl")
+    engine = teardown._Drain(teardown.defaults(), runner, False, None, which=lambda name: "/bin/systemctl")
     t = {5: procfs.ProcInfo(5, unit="sglang-main.service", unit_manager="system"),
          6: procfs.ProcInfo(6, unit="app.service", unit_manager="user"),
          7: procfs.ProcInfo(7)}
-    monkeypatch.setattr(drain.systemd, "running", lambda: False)
+    monkeypatch.setattr(teardown.systemd, "running", lambda: False)
     assert engine.unit_info(t, [5, 6, 7]) == ({}, {})
-    monkeypatch.setattr(drain.systemd, "running", lambda: True)
+    monkeypatch.setattr(teardown.systemd, "running", lambda: True)
     assert engine.unit_info(t, [5, 6, 7, 99]) == ({"sglang-main.service": 2000},
                                                   {"sglang-main.service": "/system.slice/sglang-main.service"})
     assert calls == [(["/bin/systemctl", "show", "--property=MainPID,ControlGroup", "--", "sglang-main.service"],
-                      drain.SYSTEMCTL_TIMEOUT_S)]
+                      teardown.SYSTEMCTL_TIMEOUT_S)]
 
 
 # ---------------------------------------------------------------------------
@@ -300,7 +300,7 @@ def test_assert_transient_errors_are_retried_until_the_deadline(sim, capsys, tmp
     ({"nvidia_smi": "PLAIN_FILE"}, "is not an executable file"),
 ])
 def test_assert_option_errors(sim, capsys, tmp_path, args, words):
-    if args.get("backend") == "nvml" and gpu_query.HAS_PYNVML:
+    if args.get("backend") == "nvml" and gpu_backends.HAS_PYNVML:
         pytest.skip("pynvml is installed here")
     if args.get("nvidia_smi") == "PLAIN_FILE":
         plain = tmp_path / "nvidia-smi.txt"
@@ -313,7 +313,7 @@ def test_assert_option_errors(sim, capsys, tmp_path, args, words):
 
 def test_assert_without_nvidia_smi(sim, capsys, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr(gpu_query, "HAS_PYNVML", False)
+    monkeypatch.setattr(gpu_backends, "HAS_PYNVML", False)
     res = run(gma, {}, capsys)
     assert res["failed"] and "nvidia-smi was not found" in res["msg"]
     assert res["diagnosis"][0]["kind"] == "driver"

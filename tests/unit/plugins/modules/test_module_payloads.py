@@ -26,7 +26,7 @@ from ansible.template import Templar
 PREFIX = "ansible_collections/gpufleet/sglang/plugins/"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 MIRROR = {"module_utils/sglang/resolve.py", "module_utils/sglang/rules.py", "module_utils/sglang/flags_data.py"}
-LAUNCHER = {"module_utils/launcher.py", "module_utils/sglang/render.py", "module_utils/sglang/compare.py"}
+LAUNCHER = {"module_utils/server/launcher.py", "module_utils/sglang/render.py", "module_utils/sglang/compare.py"}
 
 
 def payload_files(name):
@@ -79,7 +79,7 @@ def test_the_replace_compiles_the_mirror_only_to_explain_an_override():
     )
     # The collection's root as this test run finds it (a pytest plugin may hold it outside sys.path), and the
     # checkout's own .collections link (scripts/setup-venv.sh), for the child interpreter.
-    from ansible_collections.gpufleet.sglang.plugins.module_utils import smoke
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import smoke
     found = os.path.abspath(smoke.__file__)
     for dummy in range(6):
         found = os.path.dirname(found)

@@ -1,4 +1,4 @@
-"""Unit tests for the node_lock module (the node lease of module_utils/lease.py, which test_lease.py covers
+"""Unit tests for the node_lock module (the node lease of module_utils/redeploy/lease.py, which test_lease.py covers
 function by function): ``main()`` run in-process the ansible-core way (``patch_module_args``,
 ``exit_json``/``fail_json`` patched to raise): take, wait, take over, release, break, inspect, check mode,
 the argument errors and the generation counter.
@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from redeploy_testlib import mode_of, run_module  # noqa: E402 - after this directory is put on sys.path
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.modules import node_lock
 
 CONTROLLER = {"host": "ctl-1", "pid": 4242, "starttime": 1, "boot_id": "another-machine", "pidns": "pid:[1]", "user": "ops"}

@@ -1,9 +1,9 @@
-"""Unit tests for sglang_launch: module_utils/http.py, module_utils/sglang_process.py (masking, state file,
+"""Unit tests for sglang_launch: module_utils/common/http.py, module_utils/node/supervise.py (masking, state file,
 spawn and stop), the effective-config comparison it runs (module_utils/sglang/compare.py), and the module
-itself: ``main()`` in-process (``patch_module_args``) over the launch engine (module_utils/launcher.py) with
+itself: ``main()`` in-process (``patch_module_args``) over the launch engine (module_utils/server/launcher.py) with
 the process, HTTP and systemctl calls replaced by fakes, so that no server process is started.
 
-module_utils/launcher.py itself (plan, current, write_files, records) is tested in
+module_utils/server/launcher.py itself (plan, current, write_files, records) is tested in
 tests/unit/plugins/module_utils/test_launcher.py, and the engine against the real fake SGLang server in
 test_sglang_replace.py."""
 from __future__ import annotations
@@ -21,10 +21,10 @@ import pytest
 
 from ansible.module_utils import basic
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import http as h
-from ansible_collections.gpufleet.sglang.plugins.module_utils import sglang_process as sp
-from ansible_collections.gpufleet.sglang.plugins.module_utils import launcher as engine
-from ansible_collections.gpufleet.sglang.plugins.module_utils import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http as h
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import compare
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_launch as m
 
@@ -109,7 +109,7 @@ def test_http_json_and_bearer(server):
 
 def test_http_errors_are_answers_not_exceptions(server):
     assert h.request("GET", server + "/missing")[0] == 404
-    status, dummy, data = h.get_json(server + "/busy")
+    status, dummy, data = h.request("GET", server + "/busy")
     assert status == 503 and data == {"status": "starting"}
     assert h.request("GET", server + "/text")[2] == "plain text"
 

@@ -1,4 +1,4 @@
-"""sglang_preflight (plugins/module_utils/plan.py, preflight.py): ``main()`` run in-process
+"""sglang_preflight (plugins/module_utils/redeploy/preflight.py, preflight.py): ``main()`` run in-process
 (``patch_module_args``) against a simulated 2 x H200 node (``simulator/bin/nvidia-smi`` on a tmp
 ``GPUSIM_ROOT``, the node's device files passed as ``device_paths``), with the collection's mirror
 resolving the args (``resolution: mirror``; the node-side oracle has its own tests).
@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from redeploy_testlib import NVIDIA_SMI, SIM_PY, node_context, run_module, starttime  # noqa: E402 - after sys.path
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import plan as plan_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_preflight as pf
 
 SECRET = "s3cret-preflight-91ab"
@@ -198,13 +198,13 @@ def test_check_mode_plans_without_a_lease_or_journal(node, run):
 
 
 def test_auto_backend_falls_back_to_nvidia_smi(node, run, monkeypatch):
-    monkeypatch.setattr(plan_mod.gpu_query, "pynvml", None)
+    monkeypatch.setattr(plan_mod.gpu_backends, "pynvml", None)
     res = run(backend="auto", check=True)
     assert res["problems"] == [] and res["node"]["backend"] == "nvidia-smi"
 
 
 def test_nvml_backend_unavailable_fails(node, run, monkeypatch):
-    monkeypatch.setattr(plan_mod.gpu_query, "pynvml", None)
+    monkeypatch.setattr(plan_mod.gpu_backends, "pynvml", None)
     res = run(backend="nvml", check=True)
     assert res["failed"] is True
     assert res["problems"][0] == "backend=nvml cannot be used: the pynvml module (nvidia-ml-py) is not installed"
@@ -578,7 +578,7 @@ def test_directory_owner_without_a_name_on_the_node(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------
-# Bugs found by these tests (they fail until the fix in plugins/module_utils/plan.py / launcher.py)
+# Bugs found by these tests (they fail until the fix in plugins/module_utils/redeploy/preflight.py / launcher.py)
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("port", [0, 70000, -1])

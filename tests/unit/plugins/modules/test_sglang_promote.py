@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from redeploy_testlib import mode_of, run_module, starttime  # noqa: E402 - after this directory is put on sys.path
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_promote
 
 FP = "sha256:" + "ab" * 32
@@ -454,7 +454,7 @@ def test_a_signal_during_an_http_call_is_not_swallowed_as_a_connection_error():
     import http.server
     import threading
     import time as _time
-    from ansible_collections.gpufleet.sglang.plugins.module_utils import http as http_mod
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http as http_mod
 
     class Slow(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the http.server API

@@ -1,4 +1,4 @@
-"""sglang_replace (plugins/module_utils/replace.py): the outage window in one module run.
+"""sglang_replace (plugins/module_utils/redeploy/replace.py): the outage window in one module run.
 
 ``main()`` runs in-process (``patch_module_args``) against a simulated 2 x H200 node: the old server is a
 ``gpusim hold`` process, the candidate and the known-good servers are the simulator's fake SGLang server
@@ -27,10 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from redeploy_testlib import alive, mode_of, node_context, run_module  # noqa: E402 - after this directory is put on sys.path
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import http
-from ansible_collections.gpufleet.sglang.plugins.module_utils import journal as journal_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import lease as lease_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils import replace as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import replace as engine
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_promote
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_replace
 
@@ -436,7 +436,7 @@ def test_a_port_the_new_server_binds_that_stays_held_fails_the_teardown(node, mo
 
 
 # ---------------------------------------------------------------------------
-# Bugs found by these tests (they fail until the fix in plugins/module_utils/replace.py)
+# Bugs found by these tests (they fail until the fix in plugins/module_utils/redeploy/replace.py)
 # ---------------------------------------------------------------------------
 
 def test_bug_sigterm_during_the_in_place_rollback_writes_journal_step_interrupted(node, monkeypatch):

@@ -1,4 +1,4 @@
-"""Unit tests for sglang_router_worker (logic in module_utils/router.py): the
+"""Unit tests for sglang_router_worker (logic in module_utils/router/workers.py): the
 pure helpers (URL normalisation, worker lists, API detection, the last-worker
 check, load parsing from /v1/loads, /metrics and /get_load) and the module
 flow in-process against small fake routers and a fake server, served from
@@ -27,7 +27,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils import router as r
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.router import workers as r
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_router_worker as module
 
 ROUTER_KEY = "rk-unit-51d0"
@@ -243,13 +244,10 @@ def test_load_from_get_load():
     assert r.load_from_get_load("x") is None
 
 
-def test_deadline():
-    d = r.Deadline(0.2)
-    assert 0 < d.left() <= 0.2
-    assert d.clamp(10) <= 0.2
-    assert not d.expired()
-    assert r.Deadline(0).expired()
-    assert r.Deadline(0).clamp(5) == 0.05
+def test_request_timeouts_stay_inside_the_deadline_and_never_reach_zero():
+    d = wait.Deadline(0.2)
+    assert 0 < r._request_timeout(d, 10) <= 0.2
+    assert r._request_timeout(wait.Deadline(0), 5) == 0.05      # urllib's timeout 0 would not wait at all
 
 
 def test_describe_truncates():

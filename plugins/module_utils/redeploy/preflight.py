@@ -1,0 +1,600 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpufleet maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The ``sglang_preflight`` module's work: inspect, resolve, decide, lease (docs/design.md, "The plan")."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import stat
+import time
+
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import backends as gpu_backends
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query as gpu_query
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import metrics as metrics_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import survey as pf
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import settings
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights as weights_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import ports as ports_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolution as resolution_mod
+
+
+WEIGHTS = "weights"
+
+
+def replace_fields():
+    """Args an in-place weight update changes (the rest must be equal): the model path and what follows it."""
+    return ("model_path", "tokenizer_path", "served_model_name", "speculative_draft_model_path", "weight_version")
+
+
+def _name(lookup, ident):
+    try:
+        return lookup(ident)[0]
+    except KeyError:
+        return str(ident)
+
+
+def _matches(wanted, ident, name):
+    return not wanted or wanted == name or wanted == str(ident)
+
+
+def inspect_directory(path, mode, owner, group):
+    entry = {"path": path, "exists": False, "mode": None, "owner": None, "group": None, "ok": False}
+    try:
+        st = os.stat(path)
+    except OSError:
+        return entry
+    entry.update(exists=True, mode="%04o" % stat.S_IMODE(st.st_mode),
+                 owner=_name(pwd.getpwuid, st.st_uid), group=_name(grp.getgrgid, st.st_gid))
+    entry["ok"] = (stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == mode
+                   and _matches(owner, st.st_uid, entry["owner"]) and _matches(group, st.st_gid, entry["group"]))
+    return entry
+
+
+class Preflight(object):
+    def __init__(self, module):
+        self.module = module
+        self.p = module.params
+        self.check_mode = module.check_mode
+        self.problems = []
+        self.notes = []
+        self.secrets = []
+        lease = dict(self.p["lease"] or {})
+        self.lease_path = lease.get("path") or ""
+        self.run_id = str(lease.get("run_id") or "")
+        self.lease_opts = lease
+        self.node = {}
+        self.began = time.monotonic()
+
+    def problem(self, text):
+        if text and text not in self.problems:
+            self.problems.append(text)
+
+    # ------------------------------------------------------------------
+    def runner(self):
+        return gpu_query.module_runner(self.module, timeout=60)
+
+    def snapshot(self):
+        p = self.p
+        try:
+            backend, _note = gpu_backends.open_backend(p["backend"], self.runner(), p["nvidia_smi"])
+        except gpu_query.BackendUnavailable as exc:
+            self.problem("backend=%s cannot be used: %s" % (p["backend"], exc))
+            return None, []
+        try:
+            snap = backend.snapshot()
+        finally:
+            backend.close()
+        driver = snap.get("driver") or {}
+        if not driver.get("ok", False):
+            self.problem(gpu_target.driver_failure_text(driver, "nvidia-smi (sglang_server_nvidia_smi)")[:600])
+            return snap, []
+        selected, errors = gpu_query.select_gpus(snap, p["gpus"])
+        answering = [g for g in snap.get("gpus", []) if not g.get("lost")]
+        if errors:
+            self.problem("sglang_server_cuda_visible_devices / tp_size: %s; the node has %d GPU(s)" % ("; ".join(errors), len(answering)))
+        for gpu in selected:
+            if gpu.get("lost"):
+                self.problem("%s is lost (%s); the server cannot use it" % (gpu_query.gpu_label(gpu), gpu.get("lost_reason")))
+        return snap, selected
+
+    def launch_params(self, args, manager):
+        p = self.p
+        env = dict((str(k), "" if v is None else str(v)) for k, v in (p["env"] or {}).items())
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in p["gpus"])
+        return {
+            "name": p["name"], "version": p["version"], "manager": manager, "unit": p["unit"],
+            "unit_dir": p["unit_dir"] if manager == "systemd" else None, "python": p["python"], "args": args,
+            "api_key": p["api_key"], "env": env, "chdir": p["chdir"], "user": p["user"], "group": p["group"],
+            "environment_file": p["environment_file"], "config_dir": p["config_dir"], "state_dir": p["state_dir"],
+            "log_file": p["log_file"],
+        }
+
+    # ------------------------------------------------------------------
+    def resolve(self, gpu):
+        p = self.p
+        args = dict(p["args"] or {})
+        model_path = args.get("model_path")
+        arch = draft_arch = None
+        if not model_path:
+            self.problem("sglang_server_args.model_path: not set; give the model directory on the node")
+        else:
+            arch, err = pf.read_arch(str(model_path))
+            if err:
+                self.problem("sglang_server_args.model_path: %s %s on this node; copy the model there or fix the path" % (model_path, err))
+        draft = args.get("speculative_draft_model_path")
+        if draft:
+            draft_arch, err = pf.read_arch(str(draft))
+            if err:
+                self.problem("sglang_server_args.speculative_draft_model_path: %s %s on this node; copy the draft model there "
+                             "or fix the path" % (draft, err))
+        self.node.update(arch=arch, draft_arch=draft_arch)
+        env = dict((str(k), str(v)) for k, v in (p["env"] or {}).items())
+        resolved = resolution_mod.resolve_for_node(
+            args, version=p["version"], arch=p["arch"] or arch, policy=p["spec_policy"], draft_arch=draft_arch, env=env,
+            gpu=gpu, source=p["resolution"], python=p["python"], timeout=p["resolution_timeout"])
+        for error in resolved.get("errors") or []:
+            self.problem(error)
+        return resolved
+
+    # ------------------------------------------------------------------
+    def inspect_server(self, launcher, selected, table=None):
+        """What runs on the target: the managed/adoptable server, the port owner, the GPU holders."""
+        p = self.p
+        try:
+            cur = launcher.current()
+        except launch_mod.LaunchError as exc:
+            self.problem(exc.msg)
+            cur = {"pid": None, "start": None, "record": None, "fingerprint": None, "source": None}
+        table = table if table is not None else procfs.process_table(with_cgroup=True)
+        managed_pids = [cur["pid"]] if cur["pid"] else []
+        record = cur.get("record") or {}
+        recorded = [(record.get("pid"), record.get("starttime"))] if record.get("pid") else []
+        listening, owners = sockets.port_listeners(launcher.port)
+        port_owner = None
+        adopt_from_port = []
+        if listening:
+            managed_tree = set()
+            for pid in managed_pids:
+                managed_tree |= {pid} | set(procfs.descendants(table, pid))
+            owner = owners[0] if owners else None
+            info = table.get(owner) if owner else None
+            port_owner = {
+                "pid": owner, "comm": info.comm if info else None,
+                "cmdline": " ".join(secret_rules.mask_argv(list(info.cmdline))) if info else None,
+                "managed": bool(owners) and all(o in managed_tree for o in owners), "adoptable": False,
+            }
+            if not port_owner["managed"]:
+                holder_pids = set(gpu_query.holders(selected))
+                owner_tree = ({owner} | set(procfs.descendants(table, owner))) if owner else set()
+                if info is not None and info.sid == owner:
+                    owner_tree |= set(pf._session(table, owner))
+                if not managed_pids and owner_tree & holder_pids:
+                    port_owner["adoptable"] = True
+                    adopt_from_port = [owner]
+                else:
+                    who = ("PID %s (%s)" % (owner, port_owner["cmdline"] or port_owner["comm"])) if owner else \
+                        "a process this user cannot see"
+                    self.problem("sglang_server_args.port: port %d is held by %s, which is not the managed server; stop it "
+                                 "or choose another port" % (launcher.port, who))
+        holder_gpus = {}
+        for gpu in selected:
+            for proc in gpu.get("processes", []):
+                if proc.get("pid") is not None:
+                    holder_gpus.setdefault(proc["pid"], set()).add(gpu.get("index"))
+        index_by_minor = dict((str(g.get("index")), g.get("index")) for g in selected)
+        try:
+            users = procfs.device_holders(table, tuple(p["device_paths"]))
+        except TypeError:
+            users = {}
+        for pid, paths in users.items():
+            for path in paths:
+                minor = procfs.device_gpu_index(path)
+                if minor is not None and str(minor) in index_by_minor:
+                    holder_gpus.setdefault(pid, set()).add(index_by_minor[str(minor)])
+        adopt_res, problems = pf.compile_patterns(p["adopt_patterns"])
+        for text in problems:
+            self.problem(text)
+        exclude = set(gpu_query.GPU_SYSTEM_DAEMONS)
+        own = set(procfs.self_and_ancestors()) if hasattr(procfs, "self_and_ancestors") else {os.getpid()}
+        for pid in list(holder_gpus):
+            if pid in own:
+                holder_gpus.pop(pid)
+        holders = pf.classify_holders(table, holder_gpus, managed_pids, launcher.unit if launcher.manager == "systemd" else None,
+                                      recorded, list(p["adopt_pids"] or []), adopt_res, adopt_from_port, exclude)
+        foreign = [h for h in holders if h["class"] == "foreign"]
+        if foreign and not p["allow_foreign"]:
+            self.problem("the target GPUs are held by %d process(es) that are not this server's: %s. Another team's server? "
+                         "Move this server to other GPUs (sglang_server_cuda_visible_devices), name it in sglang_adopt_pids or "
+                         "sglang_adopt_patterns if this deploy replaces it, or set sglang_teardown_foreign: true to stop it"
+                         % (len(foreign), "; ".join(pf.describe_foreign(h) for h in foreign)))
+        running = None
+        adapters = []
+        if cur["pid"]:
+            running = {"pid": cur["pid"], "fingerprint": cur.get("fingerprint"), "source": cur.get("source"),
+                       "healthy": launcher.healthy_now()}
+        elif adopt_from_port:
+            running = {"pid": adopt_from_port[0], "fingerprint": None, "source": "adopted (port owner)", "healthy": None}
+        if (running and running["healthy"]) or adopt_from_port:
+            adapters = self.runtime_adapters(launcher)
+        # The drain signals the roots it is given (SGLang stops its own schedulers on SIGTERM); every holder that
+        # belongs to the plan is expected, any other one makes the drain refuse to signal anything.
+        wanted = [h for h in holders if h["class"] in ("managed", "adopted", "orphan")
+                  or (h["class"] == "foreign" and p["allow_foreign"])]
+        roots = set(managed_pids + adopt_from_port + [x for x in (p["adopt_pids"] or []) if x in table])
+        for h in wanted:
+            if h["class"] == "orphan":
+                roots.add(h["pid"])
+            elif h["class"] == "foreign":
+                roots.add(h.get("root") or h["pid"])
+            elif not managed_pids and not adopt_from_port:
+                roots.add(h["pid"])
+        expected = sorted(roots | set(h["pid"] for h in wanted))
+        teardown = sorted(roots)
+        ports = self.check_ports(launcher, table, expected)
+        return {"current": cur, "running": running, "port_owner": port_owner, "holders": holders, "teardown_pids": teardown,
+                "expected_pids": expected, "ports": ports, "lora_adapters": adapters}
+
+    def running_record(self, fingerprint):
+        """The launch record (candidate or known-good) of the config with ``fingerprint``, or None."""
+        for directory in (launch_mod.candidate_dir(self.p["config_dir"]), launch_mod.known_good_dir(self.p["config_dir"])):
+            try:
+                record = launch_mod.read_json(os.path.join(directory, "server.json"))
+            except launch_mod.LaunchError:
+                record = None
+            if record and record.get("fingerprint") == fingerprint:
+                return record
+        return None
+
+    def choose_mode(self, decision, found, launcher):
+        """Restart, or swap only the weights in place (sglang_redeploy_mode auto|restart|weights)."""
+        mode = self.p["redeploy_mode"]
+        running = found.get("running") or {}
+        if decision["action"] != identity.RESTART or mode == "restart":
+            if mode == "weights" and decision["action"] != identity.NONE:
+                self.problem("sglang_redeploy_mode: weights was asked for, but the plan is %s (%s); an in-place weight "
+                             "update needs a healthy managed server that runs another checkpoint of the same config"
+                             % (decision["action"], decision["why"]))
+            return decision, None
+        record = self.running_record(running.get("fingerprint")) if running.get("fingerprint") else None
+        if record is None:
+            wplan = {"mode": "restart", "why": "the running server's launch record is not known (it was not started by "
+                                               "this collection), so only a restart is safe", "reasons": [], "differences": []}
+        elif running.get("healthy") is not True:
+            wplan = {"mode": "restart", "why": "the running server does not answer its health check", "reasons": [],
+                     "differences": []}
+        else:
+            wplan = weights_mod.weights_plan(record.get("args") or {}, launcher.args, version=self.p["version"])
+            wplan["previous_model_path"] = (record.get("args") or {}).get("model_path")
+            # Anything but the checkpoint (the environment, the interpreter, the version, a secret) needs a restart.
+            state = (found.get("current") or {}).get("record") or {}
+            others = [d["field"] for d in identity.differences(state.get("identity"), launcher.identity)
+                      if d["field"] not in ("args.%s" % f for f in replace_fields())] if state.get("identity") else ["unknown"]
+            if wplan["mode"] == "weights" and others:
+                wplan = dict(wplan, mode="restart", why="more than the checkpoint changes (%s)" % ", ".join(others),
+                             reasons=list(wplan.get("reasons") or []) + ["changes beyond the checkpoint: %s" % ", ".join(others)])
+        if mode == "weights" and wplan["mode"] != "weights":
+            self.problem("sglang_redeploy_mode: weights was asked for, but an in-place update cannot reach the intended "
+                         "config: %s" % ("; ".join(wplan.get("reasons") or []) or wplan["why"]))
+        if wplan["mode"] == "weights":
+            decision = dict(decision, action=WEIGHTS, why="only the weights change: %s" % wplan["why"])
+        return decision, wplan
+
+    def runtime_adapters(self, launcher):
+        """LoRA adapters the running server loaded at runtime (``/load_lora_adapter``): they vanish on a restart, so the
+        launch loads them again before the smoke gate. Adapters of ``lora_paths`` come back with the args."""
+        try:
+            status, _h, body = http.request("GET", launcher.url + "/v1/models", api_key=launcher.api_key, timeout=5)
+        except http.HTTPConnectionError:
+            return []
+        if status != 200 or not isinstance(body, dict):
+            return []
+        configured = set()
+        for item in launcher.args.get("lora_paths") or []:
+            configured.add(str(item).split("=", 1)[0])
+        out = []
+        for card in body.get("data") or []:
+            if isinstance(card, dict) and card.get("parent") and card.get("id") not in configured:
+                out.append({"name": card.get("id"), "path": card.get("root")})
+        return out
+
+    def startup_budget(self):
+        """The health-gate budget of this launch: the previous successful launch's startup phases times a margin,
+        within [60 s, the configured sglang_server_health_timeout]; the configured value on a first launch."""
+        configured = (self.p["settings"] or {}).get("sglang_server_health_timeout") or 1800
+        try:
+            configured = float(configured)
+        except (TypeError, ValueError):
+            configured = 1800.0
+        previous = launch_mod.read_json(os.path.join(self.p["state_dir"], "startup.json")) if os.path.isdir(
+            self.p["state_dir"]) else None
+        phases = (previous or {}).get("phases") or {}
+        try:
+            seconds, source = metrics_mod.startup_budget(phases, configured, margin=3.0, floor=min(60.0, configured),
+                                                         cap=configured)
+        except (ValueError, TypeError):
+            seconds, source = configured, "default"
+        return {"seconds": round(seconds, 1), "source": source, "phases": phases, "configured": configured}
+
+    def check_ports(self, launcher, table, teardown):
+        """Every port the new server binds must be free, or held by what the teardown stops (or only lingering)."""
+        ours = set()
+        for pid in teardown:
+            if pid in table:
+                ours |= {pid} | set(procfs.descendants(table, pid)) | set(pf._session(table, table[pid].sid))
+        out = []
+        for item in ports_mod.bound_ports(launcher.args, node_rank=int(launcher.args.get("node_rank") or 0)):
+            status = sockets.port_status(item["port"])
+            strangers = [l for l in status["listeners"] if l.get("pid") not in ours]
+            entry = dict(item, free=status["free"], lingering=status.get("lingering") or {},
+                         held_by=[l.get("pid") for l in status["listeners"]])
+            out.append(entry)
+            if strangers and item["port"] != launcher.port:
+                self.problem("port %d (%s) is held by %s, which this deploy does not replace; the new server would fail "
+                             "with \"Port is already in use\". Stop it, or change the port in sglang_server_args"
+                             % (item["port"], item["what"], sockets.describe(status)))
+        return out
+
+    def known_good(self, manager):
+        p = self.p
+        kg_dir = launch_mod.known_good_dir(p["config_dir"])
+        try:
+            record, stored = launch_mod.load_record(kg_dir)
+        except launch_mod.LaunchError as exc:
+            return {"ready": False, "why": exc.msg, "fingerprint": None}
+        if record is None:
+            return {"ready": False, "why": "no known-good config under %s (never deployed by this collection)" % kg_dir,
+                    "fingerprint": None}
+        model = (record.get("args") or {}).get("model_path")
+        if model and not os.path.isdir(str(model)):
+            return {"ready": False, "why": "the known-good config's model %s is gone from this node (deleted after "
+                                           "loading?)" % model, "fingerprint": record.get("fingerprint")}
+        params = launch_mod.launch_params_from_record(record, stored, self.launch_params({}, manager))
+        probe = launch_mod.Launcher(self.module, params, check_mode=True)
+        blockers = probe.plan()
+        if blockers:
+            return {"ready": False, "why": "the known-good config cannot be launched again: %s" % "; ".join(blockers),
+                    "fingerprint": record.get("fingerprint"), "version": record.get("version")}
+        return {"ready": True, "why": "known-good config of %s" % time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.path.getmtime(os.path.join(kg_dir, "server.json")))),
+            "fingerprint": record.get("fingerprint") or probe.fp, "version": record.get("version"),
+            "manager": record.get("manager")}
+
+    # ------------------------------------------------------------------
+    def run(self):
+        p = self.p
+        for text in settings.check_settings(p["settings"]):
+            self.problem(text)
+        problem = settings.check_text_secret("sglang_server_api_key", p["api_key"])
+        if problem:
+            self.problem(problem)
+        if p["api_key"]:
+            self.secrets.append(str(p["api_key"]))
+        for key, value in (p["env"] or {}).items():
+            if secret_rules.is_secret_name(str(key)) and value:
+                self.secrets.append(str(value))
+                self.module.no_log_values.add(str(value))
+        try:
+            mode = int(p["directory_mode"], 8)
+        except ValueError:
+            mode = -1
+        if not 0 <= mode <= 0o7777:
+            self.problem("directory_mode must be an octal string such as '0750', got %r" % p["directory_mode"])
+        manager = p["manager"]
+        is_systemd = systemd.running()
+        if manager == "auto":
+            manager = "systemd" if is_systemd else "process"
+        elif manager == "systemd" and not is_systemd:
+            self.problem("sglang_server_manager: systemd is not running on this node (PID 1 is not systemd); set "
+                         "sglang_server_manager: process or auto")
+        snap, selected = self.snapshot()
+        gpus = [gpu_query.summarize(g) for g in selected]
+        gpu = pf.gpu_facts(selected)
+        self.node.update(systemd=is_systemd, gpus=gpus, gpu=gpu, backend=(snap or {}).get("backend"),
+                         gpu_count=len([g for g in (snap or {}).get("gpus", []) if not g.get("lost")]),
+                         all_gpus=[gpu_query.summarize(g) for g in (snap or {}).get("gpus", [])])
+        resolved = self.resolve(gpu)
+        args = resolved.get("args") or dict(p["args"] or {})
+        layout = settings.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"])
+        if layout:
+            self.problem(layout)
+        if args.get("delete_ckpt_after_loading") and p["rollback"]:
+            self.problem("sglang_server_args.delete_ckpt_after_loading: SGLang deletes the checkpoint under %s after warmup, so "
+                         "a later rollback could not load the known-good config from it; drop delete_ckpt_after_loading, or set "
+                         "sglang_server_rollback: false to accept redeploys without rollback" % args.get("model_path"))
+        for key in ("api_key", "admin_api_key"):
+            if (p["args"] or {}).get(key):
+                self.problem("sglang_server_args.%s: put the key in sglang_server_%s instead (a no_log variable that goes "
+                             "into the 0600 --config file); args are shown in plans and reports" % (key, key))
+        launcher = launch_mod.Launcher(self.module, self.launch_params(args, manager), check_mode=True)
+        for blocker in launcher.plan():
+            self.problem(blocker)
+        self.secrets.extend(launcher.secrets)
+        # Every place the run writes, without changing it.
+        places = [("config", p["config_dir"]), ("state", p["state_dir"]), ("log", os.path.dirname(p["log_file"]))]
+        if manager == "systemd":
+            places.append(("unit", p["unit_dir"]))
+        probes = []
+        for what, path in places:
+            why = pf.probe_writable(path)
+            probes.append({"what": what, "path": path, "ok": why is None, "why": why})
+            if why:
+                var = {"config": "sglang_server_config_dir", "state": "sglang_server_state_dir", "log": "sglang_server_log_file",
+                       "unit": "sglang_server_unit_dir"}[what]
+                self.problem("%s: the %s directory %s is not usable: %s; fix it before the redeploy (nothing was touched)"
+                             % (var, what, path, why))
+        directories = [inspect_directory(d, mode, p["directory_owner"], p["directory_group"]) for d in p["directories"]]
+        self.node.update(probes=probes, directories=directories)
+        found = self.inspect_server(launcher, selected)
+        entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
+        kg = self.known_good(manager)
+        decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+        decision, weights_plan = self.choose_mode(decision, found, launcher)
+        lease_info = self.lease_state()
+        self.weights_plan = weights_plan
+        if not self.problems and not self.check_mode and self.wants_lease(decision["action"]):
+            lease_info = self.take_lease(lease_info)
+            try:
+                found, entry, kg, decision = self.under_lease(lease_info, launcher, manager, found, entry, kg, decision)
+            except Exception:
+                # Whatever went wrong after the lease was taken, the lease must not outlive this run's failure.
+                if lease_info.get("acquired"):
+                    lease_mod.release(self.lease_path, self.run_id)
+                raise
+        running_identity = None
+        record = (found["current"].get("record") or {})
+        if found["running"] and record.get("fingerprint") == found["running"].get("fingerprint"):
+            running_identity = record.get("identity")
+        budget = self.startup_budget()
+        weights_plan = self.weights_plan
+        running_fp = (found["running"] or {}).get("fingerprint")
+        running_record = self.running_record(running_fp) if running_fp else None
+        plan = {
+            "mode": "weights" if decision["action"] == WEIGHTS else ("restart" if decision["action"] in ("start", "restart") else None),
+            "weights": weights_plan,
+            # The args the running server was launched with (its record; secrets are never in records).
+            "running_args": (running_record or {}).get("args"),
+            "health_timeout": budget["seconds"], "startup": budget,
+            "lora_adapters": found.get("lora_adapters") or [],
+            "action": decision["action"], "why": decision["why"], "recovering": decision["recovering"],
+            "interrupted": decision["interrupted"], "target_gpus": list(p["gpus"]), "manager": manager,
+            "url": launcher.url, "argv": launcher.masked(launcher.argv), "fingerprint": launcher.fp,
+            "differences": identity.differences(running_identity, launcher.identity) if running_identity else [],
+            "running": found["running"], "port_owner": found["port_owner"], "holders": found["holders"],
+            "teardown_pids": found["teardown_pids"], "expected_pids": found["expected_pids"],
+            "ports": [i["port"] for i in found["ports"]], "port_checks": found["ports"],
+            "rollback_ready": kg.get("ready", False), "known_good": kg,
+            "journal": {"entry": dict((k, v) for k, v in entry.items() if k != "history"), "summary": journal_mod.describe(entry)},
+            "unit": launcher.unit,
+        }
+        result = {
+            "changed": bool(lease_info.get("acquired")) and decision["action"] != identity.NONE,
+            "plan": plan, "resolved": resolved, "node": self.node, "lease": lease_info, "problems": self.problems,
+            "notes": self.notes, "elapsed": round(time.monotonic() - self.began, 3),
+        }
+        result["lines"] = plan_lines(p["label"] or p["name"], plan, resolved, lease_info)
+        result = secret_rules.redact(result, self.secrets)
+        if self.problems:
+            result["msg"] = "Preflight failed on %s; the running server was not touched. %s" % (
+                p["label"] or p["name"], " | ".join(self.problems))
+        return result
+
+    def under_lease(self, lease_info, launcher, manager, found, entry, kg, decision):
+        p = self.p
+        if lease_info.get("acquired") and (lease_info.get("waited", 0) > 0.5 or lease_info.get("took_over")):
+            # Another run may have changed the node while this one waited: look again, under the lease.
+            found = self.inspect_server(launcher, self.snapshot()[1])
+            entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
+            kg = self.known_good(manager)
+            decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+            decision, self.weights_plan = self.choose_mode(decision, found, launcher)
+        if lease_info.get("acquired") and decision["action"] != identity.NONE:
+            running = found["running"] or {}
+            journal_mod.record(journal_mod.path_for(p["state_dir"]), self.run_id, journal_mod.PLANNED,
+                               detail="%s: %s" % (decision["action"], decision["why"]),
+                               plan={"action": decision["action"], "why": decision["why"]},
+                               old={"pid": running.get("pid"), "fingerprint": running.get("fingerprint")},
+                               known_good={"fingerprint": kg.get("fingerprint")},
+                               intended={"fingerprint": launcher.fp},
+                               controller=self.lease_opts.get("controller") or None)
+        elif lease_info.get("acquired") and self.lease_opts.get("acquire") != "always":
+            lease_mod.release(self.lease_path, self.run_id)
+            lease_info["released"] = True
+            lease_info["acquired"] = False
+        return found, entry, kg, decision
+
+    # ------------------------------------------------------------------
+    def lease_state(self):
+        if not self.lease_path:
+            return {"acquired": False, "state": "none", "path": None}
+        info = lease_mod.inspect(self.lease_path, self.run_id)
+        holder = info.get("holder") or {}
+        return {"acquired": info["state"] == lease_mod.MINE, "state": info["state"], "reason": info["reason"],
+                "path": self.lease_path, "holder": holder, "generation": info["generation"], "waited": 0.0}
+
+    def wants_lease(self, action):
+        if not self.lease_path:
+            return False
+        mode = self.lease_opts.get("acquire") or "if_needed"
+        if mode == "never":
+            return False
+        return mode == "always" or action != identity.NONE
+
+    def take_lease(self, before):
+        opts = self.lease_opts
+        try:
+            got = lease_mod.acquire(self.lease_path, self.run_id, controller=opts.get("controller"),
+                                    ttl=float(opts.get("ttl") or lease_mod.DEFAULT_TTL), timeout=float(opts.get("timeout") or 0),
+                                    break_lease=opts.get("break") or None)
+        except lease_mod.LeaseBusy as exc:
+            self.problem(exc.msg)
+            out = dict(before)
+            out.update(acquired=False, waited=exc.waited, holder=exc.holder)
+            return out
+        except OSError as exc:
+            self.problem("sglang_lock_dir: cannot take the node lease %s: %s" % (self.lease_path, exc))
+            return dict(before, acquired=False)
+        out = {"acquired": True, "state": lease_mod.MINE, "path": self.lease_path, "waited": got["waited"],
+               "generation": got["generation"], "holder": got["holder"], "took_over": got["took_over"],
+               "took_over_reason": got["took_over_reason"], "already_held": got["already_held"],
+               "waited_for": (before.get("holder") or {}).get("owner") if got["waited"] > 0.5 else None}
+        if got["took_over"]:
+            self.module.warn("took over the node lease %s from %s: %s; continuing from the node journal"
+                             % (self.lease_path, lease_mod.describe(got["took_over"]), got["took_over_reason"]))
+        return out
+
+
+def _fmt(value):
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def plan_lines(host, plan, resolved, lease_info):
+    """The plan in readable lines, for the play's output."""
+    lines = ["%s: %s (%s); GPUs %s; manager %s; args resolved by the %s%s; rollback %s" % (
+        host, plan["action"], plan["why"], ",".join(str(g) for g in plan["target_gpus"]), plan["manager"],
+        ("node's SGLang %s" % (resolved.get("node_version") or "")).strip() if resolved.get("source") == "node"
+        else "collection's mirror",
+        (" (%s)" % resolved["fallback"]) if resolved.get("fallback") else "",
+        "ready" if plan["rollback_ready"] else "not possible: %s" % plan["known_good"].get("why"))]
+    for dis in resolved.get("disagreements") or []:
+        # The node decides; a disagreement is the mirror's gap, shown so that it gets reported and fixed.
+        lines.append("mirror differs from the node's SGLang: %s: mirror %s, node %s (the node's answer is used)" % (
+            dis.get("arg") or "outcome", _fmt(dis.get("mirror")), _fmt(dis.get("node"))))
+    if lease_info.get("waited_for"):
+        lines.append("lease: waited %s s for run %s" % (lease_info.get("waited"), lease_info["waited_for"]))
+    if lease_info.get("took_over"):
+        lines.append("lease: TOOK OVER the lease of run %s (%s)" % (
+            lease_info["took_over"].get("owner"), lease_info.get("took_over_reason")))
+    if plan.get("interrupted"):
+        lines.append("journal: %s" % plan["journal"]["summary"])
+    for adj in resolved.get("adjustments") or []:
+        line = "%s: %s -> %s [%s; %s]" % (
+            adj.get("arg"), _fmt(adj.get("from")), _fmt(adj.get("to")), adj.get("rule"), adj.get("doc"))
+        if adj.get("log"):
+            line += ' SGLang logs: "%s"' % adj["log"]
+        lines.append(line)
+    for holder in plan.get("holders") or []:
+        lines.append("GPU holder PID %s (%s, user %s, GPUs %s): %s; %s" % (
+            holder["pid"], holder["class"], holder.get("user"), ",".join(str(g) for g in holder.get("gpus") or []),
+            holder.get("why"), (holder.get("cmdline") or "")[:160]))
+    for diff in plan.get("differences") or []:
+        lines.append("changes " + identity.format_difference(diff))
+    return lines
