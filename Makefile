@@ -7,12 +7,13 @@ export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export CONTAINERS_CONF := $(CURDIR)/molecule/containers.conf
 
-.PHONY: help setup sysdeps demo demo-clean test unit integration lint sanity molecule image matrix bench build clean
+.PHONY: help setup sysdeps demo demo-clean test unit integration lint sanity real-server molecule image matrix bench build clean
 
 help:
 	@echo "make demo        redeploy the incident's server on an embedded simulated 8xH200 node"
 	@echo "make demo-clean  stop what the demo started (by PID) and remove .demo/"
 	@echo "make test        the whole suite: unit, integration, lint, sanity, molecule"
+	@echo "make real-server the real SGLang 0.5.23 server on this CPU: stand-ins, simulated GPUs, conformance"
 	@echo "make matrix      the support matrix: ansible-core 2.17/2.18, Debian 11/13 nodes, the user install, the EE"
 	@echo "make bench       outage, teardown, fleet and oracle benchmarks (prints ratios against the goals)"
 	@echo "make build       ansible-galaxy collection build"
@@ -32,7 +33,7 @@ demo-clean:
 test: setup sysdeps
 	@$(VENV)/bin/python scripts/run-tests.py
 
-unit integration lint sanity: setup
+unit integration lint sanity real-server: setup
 	@$(VENV)/bin/python scripts/run-tests.py $@
 
 molecule: setup sysdeps

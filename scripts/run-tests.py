@@ -62,6 +62,9 @@ STAGES: dict[str, tuple[list[str], str]] = {
     "integration": (_pytest("integration", ["tests/integration"], parallel=True), "pytest"),
     # The mirror against the real SGLang wheels (tests/differential; builds .cache/differential/ once).
     "differential": (_pytest("differential", ["tests/differential", "-p", "no:randomly"]), "pytest"),
+    # The real SGLang 0.5.23 server on this CPU (tests/real_server; builds .cache/real-server/ once): the stand-ins,
+    # real servers holding the simulated GPUs, and the conformance of the simulator with the real server.
+    "real-server": (_pytest("real-server", ["tests/real_server", "-p", "no:randomly"]), "pytest"),
     "gpu-kit": (_pytest("gpu-kit", ["tests/gpu", "-m", "gpu or not gpu"]), "pytest"),
     "lint": ([str(VENV_BIN / "ansible-lint"), "--profile", "production"], "check"),
     "sanity": (["bash", "scripts/sanity.sh"], "check"),

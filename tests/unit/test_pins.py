@@ -19,6 +19,8 @@ LOCKS = {
     "dev.txt": "dev.lock",
     "core-2.17.txt": "core-2.17.lock",
     "core-2.18.txt": "core-2.18.lock",
+    "real-server.txt": "real-server.lock",
+    "real-server-nodeps.txt": "real-server.lock",
 }
 # Files that are their own closure (every line an exact pin, checked after the install).
 SELF_LOCKED = ("smg.txt", "differential.txt")

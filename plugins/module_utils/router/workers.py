@@ -55,6 +55,11 @@ EXTRA_QUEUE_KEYS = (("queues", "grammar"),
                     ("disaggregation", "decode_transfer_queue_reqs"),
                     ("disaggregation", "decode_retracted_queue_reqs"))
 
+# How long an AddWorker job may be gone (404) while the router does not list the worker yet, before the job
+# counts as dropped: the router lists a worker only after its health check, and real SGLang's /health takes at
+# least 1 s (measured: the job was gone for 1-2 s before the worker was listed, smg 1.13.0 and sglang-router 0.3.2).
+JOB_GONE_GRACE_S = 5.0
+
 
 class RouterError(Exception):
     """A router or worker answer that stops the module; ``msg`` is user-facing."""
@@ -667,9 +672,15 @@ class RouterWorker(object):
                       workers=_urls(state["workers"]))
         if job_status.get("status"):
             state["last"] = "AddWorker job %s" % job_status["status"]
-        state["job_gone"] = state["job_gone"] + 1 if status == 404 else 0
-        if state["job_gone"] >= 2:
-            # smg 1.x drops a failed AddWorker job without a message (measured on 1.13.0).
+        if status != 404:
+            state["gone_since"] = None
+        elif state["gone_since"] is None:
+            state["gone_since"] = time.monotonic()
+        if state["gone_since"] is not None and (time.monotonic() - state["gone_since"] >= JOB_GONE_GRACE_S
+                                                or deadline.expired()):
+            # smg 1.x drops a failed AddWorker job without a message (measured on 1.13.0). A job that succeeded is
+            # gone too until the router lists the worker, which waits for the worker's health check: about 2 s
+            # behind a real SGLang server, whose /health takes 1 s or more.
             self.fail("the router dropped the AddWorker job for %s and does not list it: its health check or "
                       "metadata discovery failed (the router's log says which). Check that the router reaches the "
                       "worker under this URL, and --worker-startup-timeout-secs." % self.url, workers=_urls(state["workers"]))
@@ -678,13 +689,13 @@ class RouterWorker(object):
         """Poll until the router lists the worker as routable (listed, without wait_healthy)."""
         router = self.router
         deadline = wait.Deadline(self.p["timeout"])
-        state = {"last": "not listed yet", "job_gone": 0, "workers": []}
+        state = {"last": "not listed yet", "gone_since": None, "workers": []}
 
         def member():
             workers = state["workers"] = router.list(timeout=_request_timeout(deadline, router.request_timeout))
             found = find_workers(workers, self.url)
             if found:
-                state["job_gone"] = 0
+                state["gone_since"] = None
                 ready = [e for e in found if self.ready(e)]
                 if ready or not self.p["wait_healthy"]:
                     return (ready or found)[0], workers

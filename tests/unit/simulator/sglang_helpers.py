@@ -34,6 +34,10 @@ FAST_ENV = {
     "SGLANG_SIM_WATCHDOG_INTERVAL_S": "0.1",
     "SGLANG_SIM_KILL_RELEASE_S": "0.3",
     "SGLANG_SIM_TIME_SCALE": "0.02",
+    # 0.5.23's crash diagnostics (5 s, then 60 s while a scheduler lives) are off, as real SGLang's own
+    # variables allow; tests of the diagnostics set them back.
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
 }
 
 QWEN_CONFIG = {
@@ -138,6 +142,17 @@ def cmdline(pid: int) -> list:
 def comm(pid: int) -> str:
     with open("/proc/%d/comm" % pid) as fh:
         return fh.read().strip()
+
+
+def is_resource_tracker(argv) -> bool:
+    """multiprocessing's resource_tracker, the third child of a 0.5.23 main process."""
+    return len(argv) == 4 and argv[1:3] == ["-B", "-c"] and \
+        argv[3].startswith("from multiprocessing.resource_tracker import main;main(")
+
+
+def sglang_titles(pids) -> list:
+    """The sorted titles of the SGLang processes among ``pids`` (the resource_tracker left out)."""
+    return sorted(cmdline(p)[0] for p in pids if alive(p) and not is_resource_tracker(cmdline(p)))
 
 
 def wait_for(pred, timeout=10.0, interval=0.05, what="condition"):

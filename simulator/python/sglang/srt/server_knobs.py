@@ -47,3 +47,7 @@ class ServerKnobs:
         self.pd_bootstrap_timeout_s = _float(env, "SGLANG_SIM_PD_BOOTSTRAP_TIMEOUT_S", 30.0, 0.1)
         # --- real SGLang environment variables ---------------------------------
         self.health_endpoint_generation = _bool_env(env, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", True)
+        # crash diagnostics before the tree goes (0.5.23 dump_requests_before_crash)
+        self.pyspy_dump_before_crash = _bool_env(env, "SGLANG_PYSPY_DUMP_BEFORE_CRASH", True)
+        self.cuda_coredump_before_crash = _bool_env(env, "SGLANG_CUDA_COREDUMP_BEFORE_CRASH", True)
+        self.cuda_coredump_wait_s = _float(env, "SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS", 60.0, 0.0)

@@ -278,13 +278,12 @@ class TestUpdate:
     def test_failures_name_the_cause_and_the_old_weights_still_serve(self, start, tmp_path):
         v1 = checkpoint(tmp_path / "ckpt" / "v1")
         v2 = checkpoint(tmp_path / "ckpt" / "v2", b"step 2000")
-        llama = checkpoint(tmp_path / "ckpt" / "llama", b"other", config={"architectures": ["LlamaForCausalLM"],
-                                                                          "model_type": "llama"})
         srv = start(v1, env={"SGLANG_SIM_UPDATE_BUFFER_MIB": "500000"})
         launch = weights.checksums(url(srv))
+        # Another architecture is no "load" failure on a 0.5.23 server: it loads tensors by name and shape (measured
+        # on the real server, which the simulator follows); tensors of other shapes kill the server instead.
         cases = (
             (str(tmp_path / "nowhere"), "path", "the checkpoint path has no weights SGLang can read"),
-            (llama, "load", "the new checkpoint does not fit the loaded model"),
             (v2, "oom", "CUDA ran out of memory while staging the new weights"),
         )
         for path, failure, text in cases:

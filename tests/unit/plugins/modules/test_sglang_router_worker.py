@@ -298,8 +298,9 @@ class FakeRouter(object):
     """State of a fake router; ``api`` is "1" (smg 1.x), "0.3" or "0.1"."""
 
     def __init__(self, api="0.3", api_key=None, add_delay=0.0, healthy_after=0.0, fail_add=None, ignore_delete=False,
-                 settle=0.0, model="m"):
+                 settle=0.0, model="m", list_after=0.0):
         self.api = api
+        self.list_after = list_after        # seconds between a finished AddWorker job and the worker's listing
         self.api_key = api_key
         self.add_delay = add_delay          # seconds before a queued add shows up
         self.healthy_after = healthy_after  # seconds after listing until healthy (0.3) / ready (1: pending before)
@@ -331,7 +332,7 @@ class FakeRouter(object):
                 else:
                     self.workers[wid] = {"url": job["url"], "since": now, "api_key": job["api_key"], "status": "pending",
                                          "load": 0, "gone_at": None, "model": self.model,
-                                         "worker_type": job["worker_type"]}
+                                         "worker_type": job["worker_type"], "listed_at": now + self.list_after}
                     del self.jobs[wid]
         for wid, w in list(self.workers.items()):
             if w["gone_at"] is not None and now >= w["gone_at"]:
@@ -343,6 +344,8 @@ class FakeRouter(object):
         now = time.monotonic()
         out = []
         for wid, w in self.workers.items():
+            if w.get("listed_at", 0) > now:
+                continue
             item = {"id": wid, "url": w["url"], "model_id": w["model"], "load": w["load"], "worker_type": w["worker_type"]}
             if self.api == "1":
                 item.update(status=w["status"], is_healthy=w["status"] == "ready")
@@ -702,11 +705,20 @@ def test_present_failed_job_fails_with_router_message(serve):
     assert "health checks failed" in res["msg"]
 
 
-def test_present_smg1_dropped_job_fails_fast(serve):
+def test_present_smg1_dropped_job_fails_after_the_grace_not_the_timeout(serve):
+    # A job that is gone while the worker is not listed counts as dropped after JOB_GONE_GRACE_S (5 s): behind a
+    # real SGLang server (/health takes 1 s or more) a job that succeeded is gone for 1-2 s before the listing.
     router = FakeRouter(api="1", fail_add="x", add_delay=0.05)
-    res = run({"router_url": serve(router), "url": "http://127.0.0.1:41009", "timeout": 5, "wait_server": False},
+    res = run({"router_url": serve(router), "url": "http://127.0.0.1:41009", "timeout": 60, "wait_server": False},
               expect_fail=True)
-    assert "dropped the AddWorker job" in res["msg"] and res["elapsed"] < 4
+    assert "dropped the AddWorker job" in res["msg"] and 5.0 <= res["elapsed"] < 30
+
+
+def test_present_a_job_gone_before_the_listing_is_not_dropped(serve):
+    # The job ends before the router lists the worker (its health check takes a while): no failure.
+    router = FakeRouter(api="1", healthy_after=0.2, list_after=2.0)
+    res = run({"router_url": serve(router), "url": "http://127.0.0.1:41009", "timeout": 30, "wait_server": False})
+    assert res["changed"] is True and res["worker"]["status"] == "ready"
 
 
 def test_present_times_out_while_job_pending(serve):

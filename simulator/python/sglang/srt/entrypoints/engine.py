@@ -33,6 +33,7 @@ rank 0's shutdown broadcast.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -44,7 +45,9 @@ import time
 
 from sglang.srt import utils
 from sglang.srt.entrypoints import ports
-from sglang.srt.managers.tokenizer_manager import E2E_BUCKETS, ServerStatus, TokenizerManager
+from sglang.srt.entrypoints.measured import Measured0523
+from sglang.srt.entrypoints.metrics import EngineMetrics
+from sglang.srt.managers.tokenizer_manager import ServerStatus, TokenizerManager
 from sglang.srt.server_knobs import ServerKnobs
 from sglang.srt.spec_model import SpecModel
 
@@ -77,7 +80,7 @@ def _estimate_model(cfg: dict, tp: int):
     return weights_mib, kv_per_token
 
 
-class Engine:
+class Engine(Measured0523, EngineMetrics):
     def __init__(self, server_args, knobs, model_config, ctx, node):
         self.server_args = server_args
         self.knobs = knobs
@@ -123,6 +126,9 @@ class Engine:
         from sglang.srt.managers.weights import WeightState
 
         self.weights = WeightState(self)
+        self._crash_dump_performed = False
+        self.crashing = False
+        self.http_counts = collections.Counter()  # (route, method, status) -> responses (0.5.23 metrics)
         self.lora = LoraRegistry(sa)
         self.pd = PDState(self) if (sa.values.get("disaggregation_mode") or "null") != "null" else None
         self._chan_lock = threading.Lock()
@@ -166,9 +172,16 @@ class Engine:
         return None
 
     # ================================================================ helpers
+    # Command-line names that 0.5.23 does not report in /server_info (measured): --config is merged before
+    # ServerArgs exists; --cuda-graph-max-bs is an alias of the per-phase cuda_graph_max_bs_* fields.
+    NOT_REPORTED_0523 = ("config", "cuda_graph_max_bs")
+
     def resolved_args(self) -> dict:
         d = self.server_args.resolved_dict()
         d.update(self.internal_overrides)
+        if self.knobs.at_least(0, 5, 23):
+            for key in self.NOT_REPORTED_0523:
+                d.pop(key, None)
         return d
 
     def schedulers_alive(self) -> bool:
@@ -267,6 +280,14 @@ class Engine:
                 # scheduler rank 0 hosts the TCPStore on the NCCL port (entrypoints/ports.py)
                 "store": self.port_plan.get("store") if r["tp_rank"] == 0 and r["dp_rank"] in (None, 0) else None,
                 "port_linger_s": self.sk.port_linger_s,
+                "v0523": knobs.at_least(0, 5, 23),
+                "eagle3_without_draft": (knobs.at_least(0, 5, 23) and sa.speculative_algorithm == "EAGLE3"
+                                         and not sa.speculative_draft_model_path),
+                "store_wildcard": knobs.at_least(0, 5, 23) and not sa.values.get("dist_init_addr"),
+                "chunked_prefill_size": sa.values.get("chunked_prefill_size") or 8192,
+                "max_prefill_tokens": sa.values.get("max_prefill_tokens") or 16384,
+                "max_running_requests": max(1, (sa.max_running_requests or 4096) // self.dp_size),
+                "context_len": self.context_length,
             })
             proc, sock = utils.spawn_child(r["title"], "sglang.srt.managers.scheduler", payload)
             entry = (proc, f"scheduler_{n}", utils.JsonLines(sock))
@@ -357,6 +378,7 @@ class Engine:
     def _running_phase_sigquit(self, signum, frame):
         logger.error("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
         self._watchdog_stop.set()
+        self.dump_requests_before_crash()
         self.kill_process_tree(include_parent=True)
 
     def _sigterm_dispatch(self, signum, frame):
@@ -366,6 +388,11 @@ class Engine:
             logger.warning("SIGTERM received. signum=None frame=None. Draining requests and "
                            "shutting down...")
             self.tokenizer_manager.gracefully_exit = True
+        elif self.knobs.at_least(0, 5, 23):
+            # No SGLang handler yet (0.5.23, measured): the process dies by the signal (status 143); the
+            # children follow through PDEATHSIG.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
         else:
             # No SGLang handler yet: uvicorn owns SIGTERM; the ``finally`` of
             # launch_server SIGKILLs the children (§3.2).
@@ -471,13 +498,27 @@ class Engine:
                     "has_image_understanding": False, "has_audio_understanding": False,
                     "model_type": self.model_config.get("model_type"),
                     "architectures": self.model_config.get("architectures")}
+            if vt >= (0, 5, 23):
+                info["embedding"] = self._embedding_info()
         return info
 
     def _memory_usage(self) -> dict:
-        return {"weight": round(self.mem["weights_mib"] / 1024, 2),
-                "kvcache": round(self.mem["kv_cache_mib"] / 1024, 2),
-                "token_capacity": self.max_total_num_tokens,
-                "graph": round(self.knobs.overhead_mib / 1024, 2)}
+        if not self.knobs.at_least(0, 5, 23):
+            return {"weight": round(self.mem["weights_mib"] / 1024, 2),
+                    "kvcache": round(self.mem["kv_cache_mib"] / 1024, 2),
+                    "token_capacity": self.max_total_num_tokens,
+                    "graph": round(self.knobs.overhead_mib / 1024, 2)}
+        # 0.5.23 (measured): the memory at startup, SWA capacity, and the CUDA graphs' memory per phase.
+        graph = dict.fromkeys(("prefill", "decode", "target_verify", "draft_prefill", "draft_decode",
+                               "draft_extend"), 0.0)
+        if not self.server_args.disable_cuda_graph:
+            for phase in (("target_verify", "draft_decode", "draft_extend") if self.spec.enabled else ("decode",)):
+                graph[phase] = round(self.knobs.overhead_mib / 1024 / (3 if self.spec.enabled else 1), 3)
+        return {"weight": round(self.mem["weights_mib"] / 1024, 3),
+                "kvcache": round(self.mem["kv_cache_mib"] / 1024, 3),
+                "startup_available": round(self.ctx.gpu_total_mib / 1024, 3),
+                "token_capacity": self.max_total_num_tokens, "token_capacity_swa": None,
+                "graph": graph}
 
     def internal_states(self) -> list:
         tm = self.tokenizer_manager
@@ -537,7 +578,13 @@ class Engine:
                     "cache_hit_rate": 0.0,
                     "utilization": round(tm.running[d] / float(tm.max_running_per_dp), 4),
                     "total_prefill_uncached_tokens": tm.prompt_tokens_total,
-                    "total_prefill_busy_us": 0, "decode_moments": None}
+                    "total_prefill_busy_us": 0,
+                    # load_inquirer.get_decode_moment_totals: six running totals once a decode step ran (None
+                    # before); the simulator gives the step count and no timings.
+                    "decode_moments": (
+                        [float(tm.decode_steps_total)] * 2 + [0.0, float(tm.decode_steps_total), 0.0,
+                                                              float(tm.decode_steps_total)]
+                        if tm.decode_steps_total > 0 else None)}
             if include_set == {"core"}:
                 out.append(load)
                 continue
@@ -563,119 +610,6 @@ class Engine:
                                   "retracted": 0, "prealloc_ready": 0}
             out.append(load)
         return out
-
-    def metrics_text(self) -> str:
-        """Prometheus text like SGLang's collectors (labels in the real order:
-        model_name, engine_type, then tp_rank, pp_rank, moe_ep_rank[, dp_rank] for
-        scheduler metrics).  The speculative gauges hold the last
-        ``decode_log_interval`` report (tokenizer_manager.SpecWindow)."""
-        from sglang.srt.entrypoints.http_server import metric_block
-
-        tm, vt = self.tokenizer_manager, self.knobs.vt
-        sa = self.server_args
-        engine_type = {"prefill": "prefill", "decode": "decode"}.get(self.disagg_mode(), "unified")
-        base = {"model_name": sa.served_model_name, "engine_type": engine_type}
-        scheds = []
-        for d in range(tm.dp_size):
-            labels = dict(base, tp_rank="0", pp_rank="0", moe_ep_rank="0")
-            if tm.dp_size > 1:
-                labels["dp_rank"] = str(d)
-            scheds.append((d, labels))
-
-        def per_rank(fn):
-            return [(labels, fn(d), "") for d, labels in scheds]
-
-        with tm.lock:
-            running = list(tm.running)
-            waiting = list(tm.waiting)
-        gauges = [
-            ("sglang:num_running_reqs", "The number of running requests.", lambda d: running[d]),
-            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", lambda d: waiting[d]),
-            ("sglang:gen_throughput", "The generation throughput (token/s).",
-             lambda d: tm.gen_throughput() / tm.dp_size),
-            ("sglang:cache_hit_rate", "The prefix cache hit rate.", lambda d: 0.0),
-            ("sglang:token_usage", "The token usage.", lambda d: tm._token_usage()),
-            ("sglang:num_used_tokens", "The number of used tokens.", tm.used_tokens),
-        ]
-        lines = []
-        for name, help_text, fn in gauges:
-            lines += metric_block(name, "gauge", help_text, per_rank(fn))
-        lines += metric_block("sglang:spec_accept_length", "gauge",
-                              "Mean acceptance length of speculative decoding (accepted drafts + bonus "
-                              "token per forward).", per_rank(lambda d: tm.spec_gauges(d)[0]))
-        if vt >= (0, 5, 10):
-            lines += metric_block("sglang:spec_accept_rate", "gauge",
-                                  "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).",
-                                  per_rank(lambda d: tm.spec_gauges(d)[1]))
-        steps = (sa.speculative_num_steps or 0) if self.spec.enabled else 0
-        drafts = (sa.speculative_num_draft_tokens or 0) if self.spec.enabled else 0
-        if vt >= (0, 5, 23):
-            lines += metric_block("sglang:spec_num_steps", "gauge", "Currently active speculative_num_steps.",
-                                  per_rank(lambda d: steps))
-        lines += metric_block("sglang:spec_num_draft_tokens", "gauge",
-                              "Currently active speculative_num_draft_tokens (decouples from steps under topk>1).",
-                              per_rank(lambda d: drafts))
-        if vt >= (0, 5, 23):
-            queues = self.pd.queue_depths() if self.pd is not None else {}
-            for key, name, help_text in (
-                    ("prefill_bootstrap", "sglang:num_prefill_bootstrap_queue_reqs",
-                     "The number of requests in the prefill bootstrap queue."),
-                    ("prefill_inflight", "sglang:num_prefill_inflight_queue_reqs",
-                     "The number of requests in the prefill inflight queue."),
-                    ("decode_prealloc", "sglang:num_decode_prealloc_queue_reqs",
-                     "The number of requests in the decode prealloc queue."),
-                    ("decode_transfer", "sglang:num_decode_transfer_queue_reqs",
-                     "The number of requests in the decode transfer queue.")):
-                lines += metric_block(name, "gauge", help_text, per_rank(lambda d, k=key: queues.get(k, 0)))
-            if self.pd is not None:
-                lines += metric_block("sglang:num_bootstrap_failed_reqs_total", "counter",
-                                      "The number of bootstrap failed requests.",
-                                      [(scheds[0][1], self.pd.bootstrap_failed, "")])
-                lines += metric_block("sglang:num_transfer_failed_reqs_total", "counter",
-                                      "The number of transfer failed requests.",
-                                      [(scheds[0][1], self.pd.transfer_failed, "")])
-            if self.weights.last_load_s is not None:
-                lines += metric_block(
-                    "sglang:weight_load_duration_seconds", "gauge",
-                    "Wall time of the most recent update_weights_from_<source> call on this scheduler "
-                    "rank (seconds). `source` label is one of: disk, distributed, tensor, ipc. "
-                    "Event-detection via changes(...[<range>]) > 0 \u2014 no separate counter needed.",
-                    [(dict(labels, source="disk"), self.weights.last_load_s, "") for _d, labels in scheds])
-            st = self.startup_time or {}
-            if st:
-                lines += metric_block("sglang:startup_time_seconds", "gauge",
-                                      "Engine startup duration by phase in seconds.",
-                                      [(dict(base, phase=p), st[p], "") for p in
-                                       ("load_weight", "kv_cache_allocation", "scheduler_e2e", "tokenizer_e2e")])
-                lines += metric_block("sglang:startup_cuda_graph_time_seconds", "gauge",
-                                      "CUDA graph capture duration by phase in seconds.",
-                                      [(dict(base, phase=p), v, "") for p, v in st["cuda_graph"].items()])
-        streaming = dict(base, is_streaming="false") if vt >= (0, 5, 23) else base
-        lines += metric_block("sglang:prompt_tokens_total", "counter",
-                              "Number of prefill tokens processed.", [(streaming, tm.prompt_tokens_total, "")])
-        lines += metric_block("sglang:generation_tokens_total", "counter",
-                              "Number of generation tokens processed.",
-                              [(streaming, tm.generation_tokens_total, "")])
-        lines += metric_block("sglang:cached_tokens_total", "counter",
-                              "Number of cached prompt tokens by source (device/host/storage).",
-                              [(base, tm.cached_tokens_total, "")])
-        lines += metric_block("sglang:num_requests_total", "counter", "Number of requests processed.",
-                              [(base, tm.num_requests_total, "")])
-        if vt >= (0, 5, 23):
-            lines += metric_block("sglang:spec_verify_calls_total", "counter",
-                                  "Number of speculative decoding verification calls.",
-                                  [(base, tm.spec_verify_total, "")])
-        samples, cum = [], 0
-        for bound, count in zip(E2E_BUCKETS, tm.e2e_hist):
-            cum += count
-            samples.append((dict(streaming, le=str(float(bound))), cum, "_bucket"))
-        cum += tm.e2e_hist[-1]
-        samples.append((dict(streaming, le="+Inf"), cum, "_bucket"))
-        samples.append((streaming, tm.e2e_count, "_count"))
-        samples.append((streaming, tm.e2e_sum, "_sum"))
-        lines += metric_block("sglang:e2e_request_latency_seconds", "histogram",
-                              "Histogram of End-to-end request latency in seconds", samples)
-        return "\n".join(lines) + "\n"
 
     # ================================================================ startup
     def _set_startup_time(self):
@@ -741,6 +675,10 @@ class Engine:
     # ================================================================ run
     def run(self) -> int:
         sa, knobs = self.server_args, self.knobs
+        if knobs.at_least(0, 5, 23) and sa.tp_size is not None and int(sa.tp_size) < 1:
+            # Resolution accepts --tp-size 0; the engine then indexes its empty list of scheduler ranks
+            # (measured: IndexError, status 1, no child started).
+            raise IndexError("list index out of range")
         ranks = self.plan()
         # PortArgs.init_new's checks come before anything binds (the rendezvous included)
         self.port_plan = ports.plan(sa)
@@ -760,6 +698,14 @@ class Engine:
             signal.signal(signal.SIGQUIT, self._launch_phase_sigquit)
         for _name, host, port in ports.main_process_ports(self.port_plan, self.nnodes, self.node_rank):
             self.main_sockets.append(ports.listen(host, port))
+        if knobs.at_least(0, 5, 23):
+            # The real main process starts its children through multiprocessing (spawn), which starts
+            # multiprocessing's resource_tracker: a third child, "python -B -c 'from
+            # multiprocessing.resource_tracker import main;main(N)'", in the same session and process group; it
+            # exits when the main process is gone (measured on the real server).
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
         self.spawn_children(ranks)
         if self.node_rank >= 1:
             return self._run_follower()
@@ -782,6 +728,8 @@ class Engine:
             self.http = make_http_server(self, sa.host, sa.port)
         except OSError as e:
             errno = e.errno if e.errno is not None else 98
+            if knobs.at_least(0, 5, 23):
+                return self._bind_failed(errno, e)
             uvicorn_logger.error("ERROR:    [Errno %s] error while attempting to bind on address (%r, %s): %s",
                                  errno, sa.host, sa.port, "address already in use" if errno == 98 else e.strerror)
             self.kill_process_tree(include_parent=False)
@@ -810,7 +758,7 @@ class Engine:
             pass
         return self.exit_code
 
-    def _warmup(self):
+    def _warmup(self, kill_on_error=True):
         sa, knobs, tm = self.server_args, self.knobs, self.tokenizer_manager
         if sa.skip_server_warmup:
             tm.server_status = ServerStatus.Up
@@ -833,22 +781,26 @@ class Engine:
             headers["Authorization"] = f"Bearer {sa.api_key}"
         try:
             # Like the real warmup: poll the model info, then one short generate.
-            conn = http.client.HTTPConnection(host, sa.port, timeout=120)
+            # /model_info with a 5 s timeout as the real warmup polls it, then the generate with a long one
+            conn = http.client.HTTPConnection(host, sa.port, timeout=5)
             path = "/model_info" if knobs.at_least(0, 5, 10) else "/get_model_info"
             for method, url, body in ((
                     "GET", path, None),
                     ("POST", "/generate", json.dumps({
                         "text": "The capital city of France is",
-                        "sampling_params": {"temperature": 0, "max_new_tokens": 8}}))):
+                        "sampling_params": {"temperature": 0, "max_new_tokens": 8}}))) + ((
+                    ("POST", "/freeze_gc", None),) if knobs.at_least(0, 5, 23) else ()):
                 conn.request(method, url, body=body, headers=headers)
                 resp = conn.getresponse()
                 resp.read()
                 if resp.status != 200:
                     raise RuntimeError(f"{method} {url} returned {resp.status}")
+                conn.sock.settimeout(120)
             conn.close()
         except Exception as e:
             logger.error("Initialization failed. warmup error: %r", e)
-            self.kill_process_tree(include_parent=True)
+            if kill_on_error:
+                self.kill_process_tree(include_parent=True)
             return
         tm.server_status = ServerStatus.Up
         logger.info("The server is fired up and ready to roll!")

@@ -74,9 +74,13 @@ class _Base(BaseHTTPRequestHandler):
 
     def _access_log(self, code):
         engine = self.server.engine
+        path = urlsplit(self.path).path
+        counts = getattr(engine, "http_counts", None)
+        if counts is not None and path in self._routes():
+            # 0.5.23's sglang:http_requests_total / http_responses_total (by route, method, status)
+            counts[(path, self.command, str(code))] += 1
         if not engine.access_log_enabled:
             return
-        path = urlsplit(self.path).path
         for prefix in engine.access_log_exclude:
             if path.startswith(prefix):
                 return
@@ -244,6 +248,8 @@ class Handler(_Base):
         return r
 
     def _dispatch(self, method):
+        while getattr(self.server.engine, "crashing", False):
+            time.sleep(3600)  # crash diagnostics (engine.dump_requests_before_crash): no answer until the end
         self._body = None  # one handler object serves every request of a keep-alive connection
         try:
             self._dispatch_one(method)
@@ -327,6 +333,9 @@ class Handler(_Base):
             self.send_body(503)
             return
         tm.last_receive_tstamp = time.time()
+        # health_generate polls ``await asyncio.sleep(1)`` before it looks for the answer of its one-token
+        # generation: a healthy server answers after one second at the earliest (measured on the real 0.5.23).
+        time.sleep(1.0)
         if tm.server_status == ServerStatus.UnHealthy:
             tm.server_status = ServerStatus.Up  # a successful health generate sets Up
         self.send_body(200)
@@ -458,8 +467,9 @@ class Handler(_Base):
             try:
                 timeout = float(self.query.get("timeout", 0.0))
             except ValueError:
-                self.send_body(422, {"detail": [{"type": "float_parsing", "loc": ["query", "timeout"],
-                                                 "msg": "Input should be a valid number"}]})
+                self._validation_error([{"type": "float_parsing", "loc": ["query", "timeout"],
+                                         "msg": "Input should be a valid number, unable to parse string as a number",
+                                         "input": self.query.get("timeout")}])
                 return
             deadline = time.monotonic() + max(0.0, timeout)
             ok = tm.flush_cache()
@@ -475,18 +485,30 @@ class Handler(_Base):
                             "not be performed.)\n", "text/plain; charset=utf-8")
 
     # ------------------------------------------------------------- weights, LoRA
+    def _validation_error(self, errors):
+        """FastAPI's 422 detail list; 0.5.23 overrides it app-wide (``validation_exception_handler``):
+        400 with the ErrorResponse shape, the message being pydantic's text of the errors."""
+        if not self.server.engine.knobs.at_least(0, 5, 23):
+            self.send_body(422, {"detail": errors})
+            return
+        lines = ["%d validation error%s:" % (len(errors), "" if len(errors) == 1 else "s")]
+        for err in errors:
+            lines.append("  " + repr(dict(err, loc=tuple(err["loc"]))))
+        self.send_body(400, {"object": "error", "message": "\n".join(lines) + "\n", "type": "Bad Request",
+                             "param": None, "code": 400})
+
     def _body_with(self, *required):
-        """The JSON body, or None after a FastAPI-style 422 naming the missing fields."""
+        """The JSON body, or None after a validation error naming the missing fields."""
         body = self.read_json()
         if not isinstance(body, dict):
-            self.send_body(422, {"detail": [{"type": "model_attributes_type", "loc": ["body"],
-                                             "msg": "Input should be a valid dictionary or object to extract fields from",
-                                             "input": body}]})
+            self._validation_error([{"type": "model_attributes_type", "loc": ["body"],
+                                     "msg": "Input should be a valid dictionary or object to extract fields from",
+                                     "input": body}])
             return None
         missing = [f for f in required if f not in body]
         if missing:
-            self.send_body(422, {"detail": [{"type": "missing", "loc": ["body", f], "msg": "Field required",
-                                             "input": body} for f in missing]})
+            self._validation_error([{"type": "missing", "loc": ["body", f], "msg": "Field required", "input": body}
+                                    for f in missing])
             return None
         return body
 
@@ -741,12 +763,16 @@ class Handler(_Base):
         self._openai(chat=True)
 
 
-def metric_block(name, kind, help_text, samples):
-    """Prometheus text for one metric; samples: [(labels dict, value, suffix)]."""
+def metric_block(name, kind, help_text, samples, sort_labels=False):
+    """Prometheus text for one metric; samples: [(labels dict, value, suffix)].
+
+    Label order as given (prometheus_client writes labelnames in declaration order), or sorted by
+    name (``sort_labels``: 0.5.23 serves the multiprocess collector's samples, whose labels are
+    sorted, measured on the real server)."""
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
     for labels, value, suffix in samples:
-        # label order as given: prometheus_client writes labelnames in declaration order
-        lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        items = sorted(labels.items()) if sort_labels else labels.items()
+        lab = ",".join(f'{k}="{v}"' for k, v in items)
         lines.append(f"{name}{suffix}{{{lab}}} {float(value)}")
     return lines
 

@@ -121,19 +121,33 @@ class ModelRunner:
         if cfg["hang_load"]:
             while True:  # SGLANG_SIM_HANG=load: stuck in the loader, never ready
                 time.sleep(3600)
+        tic = time.perf_counter()
         time.sleep(cfg["startup_s"])
-        logger.info(
-            "Load weight end. type=%s, dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB.",
-            cfg['arch'], _gib(self._free_mib()), _gib(cfg['weights_mib']))
+        if cfg.get("v0523"):
+            logger.info("Load weight end. elapsed=%.2f s, type=%s, avail mem=%.2f GB, mem usage=%.2f GB.",
+                        time.perf_counter() - tic, cfg['arch'], _gib(self._free_mib()), _gib(cfg['weights_mib']))
+        else:
+            logger.info(
+                "Load weight end. type=%s, dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB.",
+                cfg['arch'], _gib(self._free_mib()), _gib(cfg['weights_mib']))
 
     def init_memory_pool(self) -> None:
         cfg = self.cfg
         self._allocate(cfg["kv_mib"])
         time.sleep(cfg.get("kv_alloc_s", 0.0))
         kv_gb = _gib(cfg["kv_cache_mib"]) / 2
-        logger.info("KV Cache is allocated. #tokens: %s, K size: %.2f GB, V size: %.2f GB",
-                    cfg['max_total_num_tokens'], kv_gb, kv_gb)
+        if cfg.get("v0523"):
+            logger.info("KV Cache is allocated. dtype: torch.bfloat16, #tokens: %s, K size: %.2f GB, V size: %.2f GB",
+                        cfg['max_total_num_tokens'], kv_gb, kv_gb)
+        else:
+            logger.info("KV Cache is allocated. #tokens: %s, K size: %.2f GB, V size: %.2f GB",
+                        cfg['max_total_num_tokens'], kv_gb, kv_gb)
         logger.info("Memory pool end. avail mem=%.2f GB", _gib(self._free_mib()))
+        if cfg.get("v0523"):
+            logger.info("max_total_num_tokens=%s, chunked_prefill_size=%s, max_prefill_tokens=%s, "
+                        "max_running_requests=%s, context_len=%s, available_gpu_mem=%.2f GB",
+                        cfg['max_total_num_tokens'], cfg.get('chunked_prefill_size'), cfg.get('max_prefill_tokens'),
+                        cfg.get('max_running_requests'), cfg.get('context_len'), _gib(self._free_mib()))
 
     def release(self) -> None:
         for hid in self.holds:
@@ -164,6 +178,9 @@ def bind_store(cfg):
     from sglang.srt.entrypoints.ports import listen
 
     host, port = store[0], int(store[1])
+    if cfg.get("store_wildcard"):
+        # 0.5.23: torch's TCPStore listens on every interface, whatever --host says (measured on the real server).
+        host = "::" if ":" in host else "0.0.0.0"
     try:
         return listen(host, port)
     except OSError as e:
@@ -233,6 +250,9 @@ class Scheduler:
         self.model_runner = ModelRunner(cfg)
         self.model_runner.load_model()
         load_weight = time.perf_counter() - tic
+        if cfg.get("eagle3_without_draft"):
+            # EAGLE3 with no draft model (0.5.23, measured): the draft worker reads the target's hot-token map.
+            raise AttributeError("'%s' object has no attribute 'hot_token_id'" % cfg["arch"])
         tic_kv = time.perf_counter()
         self.model_runner.init_memory_pool()
         kv_alloc = time.perf_counter() - tic_kv
@@ -287,6 +307,10 @@ class Scheduler:
                 return
             if msg.get("cmd") == "hold":
                 self.reply(chan, msg, self.model_runner.temporary_hold(int(msg["mib"])))
+            if msg.get("cmd") == "load_fail":
+                # update_weights_from_disk: the loader raises inside load_weights (a tensor of another shape);
+                # run_scheduler_process logs it, SIGQUITs the main process and returns.
+                raise RuntimeError(msg["error"])
 
     def reply(self, chan, msg, result):
         chan.send({"event": "reply", "id": msg.get("id"), "result": result})

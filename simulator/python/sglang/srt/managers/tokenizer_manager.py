@@ -203,6 +203,8 @@ class TokenizerManager:
         self.startup_time = None
         self.last_gen_throughput = 0.0
         self.e2e_hist = [0] * (len(E2E_BUCKETS) + 1)
+        self.ttft_observed = []   # simulated seconds per request (0.5.23's TTFT histogram)
+        self.queue_observed = []  # simulated seconds waiting for a running slot
         self.e2e_sum = 0.0
         self.e2e_count = 0
 
@@ -345,9 +347,15 @@ class TokenizerManager:
             plan = self.spec.plan(max_new_tokens, self.rng)
             running_now, queued_now = sum(self.running), sum(self.waiting)
         if not health:
-            logger.info("Prefill batch. #new-seq: 1, #new-token: %s, #cached-token: %s, token usage: %.2f, "
-                        "#running-req: %s, #queue-req: %s,",
-                        prompt_tokens, cached, self._token_usage(), running_now - 1, queued_now)
+            if self.knobs.at_least(0, 5, 23):
+                logger.info("Prefill batch, #new-seq: 1, #new-token: %s, #cached-token: %s, token usage: %.2f, "
+                            "#running-req: %s, #queue-req: %s, #pending-token: 0, cuda graph: False, "
+                            "input throughput (token/s): 0.00",
+                            prompt_tokens, cached, self._token_usage(), running_now - 1, queued_now)
+            else:
+                logger.info("Prefill batch. #new-seq: 1, #new-token: %s, #cached-token: %s, token usage: %.2f, "
+                            "#running-req: %s, #queue-req: %s,",
+                            prompt_tokens, cached, self._token_usage(), running_now - 1, queued_now)
         step_s = self.spec.step_seconds()
         sim_elapsed = 0.0
         ids, words = self._token_words(rid, max_new_tokens)
@@ -406,13 +414,31 @@ class TokenizerManager:
             meta["finish_reason"] = {"type": "length", "length": max_new_tokens}
         meta["prompt_tokens"] = prompt_tokens
         vt = self.knobs.vt
-        if vt >= (0, 5, 10):
-            meta.update({"weight_version": self.weight_version, "num_retractions": 0, "reasoning_tokens": 0})
-        meta.update({"completion_tokens": produced, "cached_tokens": cached})
         # Simulated seconds: time waiting for a running slot plus decode time.
         scale = self.knobs.time_scale
-        e2e = sim_elapsed + (queue_wall / scale if scale > 0 else 0.0)
-        meta["e2e_latency"] = e2e
+        queue_s = queue_wall / scale if scale > 0 else 0.0
+        e2e = sim_elapsed + queue_s
+        if vt >= (0, 5, 23):
+            # The 23 keys of the real 0.5.23 (tokenizer_manager's meta_info, measured on the real server).
+            finished = time.time()
+            first = step_s if produced else 0.0
+            meta.update({"weight_version": self.weight_version, "num_retractions": 0,
+                         "storage_prefetch_wait": 0.0, "storage_staging_wait": 0.0,
+                         "forward_entry_time": t_enqueue + queue_wall, "prefill_finished_time": t_enqueue + queue_wall,
+                         "queue_time": queue_s, "reasoning_tokens": 0,
+                         "completion_tokens": produced, "cached_tokens": cached,
+                         "weight_versions": [{"version": self.weight_version, "start": 0, "end": produced}],
+                         "cached_tokens_details": {"device": cached, "host": 0},
+                         "dp_rank": dp_rank if self.dp_size > 1 else None, "e2e_latency": e2e,
+                         "request_received_ts": t_enqueue, "first_token_latency": queue_s + first,
+                         "api_server_dispatch_finish_ts": t_enqueue, "request_finished_ts": finished,
+                         "decode_throughput": (produced / sim_elapsed) if sim_elapsed > 0 else 0.0,
+                         "response_sent_to_client_ts": finished})
+        else:
+            if vt >= (0, 5, 10):
+                meta.update({"weight_version": self.weight_version, "num_retractions": 0, "reasoning_tokens": 0})
+            meta.update({"completion_tokens": produced, "cached_tokens": cached})
+            meta["e2e_latency"] = e2e
         if self.spec.enabled and verify_ct > 0:
             proposed = verify_ct * max(0, (self.spec.num_draft_tokens or 1) - 1)
             correct = produced - verify_ct
@@ -430,6 +456,10 @@ class TokenizerManager:
                 meta["spec_correct_drafts_histogram"] = hist
         if not health:
             self._account(prompt_tokens, produced, cached, plan[:verify_ct], e2e, sim_elapsed)
+            with self.lock:
+                self.queue_observed.append(queue_s)
+                if produced:
+                    self.ttft_observed.append(queue_s + step_s)
         return ids[:produced], text, meta
 
     def _token_usage(self) -> float:

@@ -14,13 +14,24 @@
   - no weight files (``*.safetensors``/``*.bin`` for ``auto``; a missing
     path too): "Failed to get weights iterator: Cannot find any model
     weights with `<path>`.";
-  - the checkpoint's ``config.json`` ``architectures[0]`` differs from the
-    served model's (the real loader fails inside load_weights; the wording
-    after "Failed to update weights: " is the simulator's);
   - CUDA OOM while staging.
 
-* ``/weights_checker``: per-rank checksums derived from the checkpoint files'
-  content (one entry per weight file and TP rank), ``per_gpu_checksum`` and
+  The loader matches tensors to the model's parameters by name and shape, not by
+  architecture (measured on the real 0.5.23): a checkpoint of another architecture
+  with the same tensor names and shapes loads (200; ``architectures`` keeps the
+  launch value; tensors the model has no parameter for are skipped). A tensor
+  whose shape differs from its parameter's **kills the server**: the scheduler
+  raises "size mismatch" in the loader, sends SIGQUIT, the HTTP request gets no
+  answer and the tree goes after the crash diagnostics (5 s). Shapes come from the
+  safetensors headers, with SGLang's fused parameters (``q/k/v_proj`` ->
+  ``qkv_proj``, ``gate/up_proj`` -> ``gate_up_proj``, stacked on dim 0); a
+  checkpoint without readable headers is compared by the shape fields of its
+  ``config.json``.
+
+* ``/weights_checker``: per-rank checksums keyed by parameter name (the fused
+  names, in the model's module order) from the tensors' bytes, as the real
+  weight_checker.py; a checkpoint without readable safetensors headers (a fake
+  one) gets one entry per weight file. ``per_gpu_checksum`` and
   ``per_engine_checksum`` computed as weight_checker.py / the control mixin do.
 * ``/update_weight_version``.
 """
@@ -81,13 +92,99 @@ def overall_checksum(checksums):
     return h.hexdigest()
 
 
-def _architecture(path):
+FUSED = ((".q_proj.", ".qkv_proj."), (".k_proj.", ".qkv_proj."), (".v_proj.", ".qkv_proj."),
+         (".gate_proj.", ".gate_up_proj."), (".up_proj.", ".gate_up_proj."))
+LAYER_ORDER = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj", "input_layernorm",
+               "post_attention_layernorm")
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "head_dim")
+MAX_HASHED_BYTES = 64 << 20
+
+
+def safetensors_header(path):
+    """``{name: {"dtype", "shape", "data_offsets"}}`` and the data start, or (None, 0) if not a safetensors file."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                return None, 0
+            size = int.from_bytes(raw, "little")
+            if size <= 0 or size > (100 << 20):
+                return None, 0
+            header = json.loads(fh.read(size).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None, 0
+    if not isinstance(header, dict):
+        return None, 0
+    header.pop("__metadata__", None)
+    for entry in header.values():
+        if not (isinstance(entry, dict) and isinstance(entry.get("shape"), list)):
+            return None, 0
+    return header, 8 + size
+
+
+def fused_name(name):
+    for old, new in FUSED:
+        if old in name:
+            return name.replace(old, new)
+    return name
+
+
+def _order(name):
+    parts = name.split(".")
+    if name.startswith("model.embed_tokens."):
+        return (0, 0, 0, name)
+    if name.startswith("model.layers.") and len(parts) > 3 and parts[2].isdigit():
+        rest = ".".join(parts[3:-1])
+        return (1, int(parts[2]), LAYER_ORDER.index(rest) if rest in LAYER_ORDER else len(LAYER_ORDER), name)
+    if name.startswith("lm_head."):
+        return (3, 0, 0, name)
+    return (2, 0, 0, name)
+
+
+def read_parameters(files):
+    """The model parameters a checkpoint's tensors load into: ``{fused name: [(file, entry, data start), ...]}``
+    in module order, or None when a file is not safetensors."""
+    params = {}
+    for path in files:
+        header, start = safetensors_header(path)
+        if header is None:
+            return None
+        for name in sorted(header):
+            params.setdefault(fused_name(name), []).append((path, header[name], start))
+    return dict((k, params[k]) for k in sorted(params, key=_order))
+
+
+def param_shape(parts):
+    shapes = [list(entry["shape"]) for _path, entry, _start in parts]
+    if len(shapes) == 1:
+        return shapes[0]
+    return [sum(s[0] for s in shapes)] + shapes[0][1:] if all(s[1:] == shapes[0][1:] for s in shapes) else shapes
+
+
+def _param_digest(parts):
+    h = hashlib.sha256()
+    for path, entry, start in parts:
+        begin, end = entry.get("data_offsets") or (0, 0)
+        if end - begin > MAX_HASHED_BYTES:
+            h.update(("%s:%s:%s" % (_file_digest(path), begin, end)).encode())
+            continue
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(start + begin)
+                h.update(fh.read(end - begin))
+        except OSError:
+            h.update(b"missing")
+    return h.hexdigest()
+
+
+def _config(path):
     try:
         with open(os.path.join(path, "config.json")) as fh:
-            archs = json.load(fh).get("architectures") or []
-        return archs[0] if archs else None
-    except (OSError, ValueError, AttributeError):
-        return None
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 class WeightState:
@@ -100,12 +197,12 @@ class WeightState:
         self.served_model_name = sa.served_model_name
         self.load_format = sa.values.get("load_format") or "auto"
         self.weight_version = getattr(sa, "weight_version", None) or sa.values.get("weight_version") or "default"
-        self.architecture = (engine.model_config.get("architectures") or [None])[0]
         # digests are taken when weights load: what the GPU holds, even if the
         # files change or go away later (--delete-ckpt-after-loading)
-        self.digests = self._digests(self._files_or_all(self.model_path))
+        self.shapes, self.digests = self._load_digests(self._files_or_all(self.model_path))
+        self.config = _config(self.model_path)
         self.draft_path = sa.speculative_draft_model_path if engine.spec.enabled else None
-        self.draft_digests = self._digests(self._files_or_all(self.draft_path)) if self.draft_path else {}
+        self.draft_digests = self._load_digests(self._files_or_all(self.draft_path))[1] if self.draft_path else {}
         self.snapshot = None
         self.last_load_s = None
 
@@ -123,6 +220,14 @@ class WeightState:
                 return []
 
     # ------------------------------------------------------------ checksums
+    def _load_digests(self, files):
+        """(parameter shapes or None, {checksum key: digest}): by parameter for safetensors, else by file."""
+        params = read_parameters(files) if files else None
+        if not params:
+            return None, self._digests(files)
+        return (dict((name, param_shape(parts)) for name, parts in params.items()),
+                dict((name, _param_digest(parts)) for name, parts in params.items()))
+
     def _digests(self, files):
         out = {}
         for f in files:
@@ -225,22 +330,46 @@ class WeightState:
             files = weight_files(model_path, load_format)
         except WeightsError as e:
             return False, "Failed to get weights iterator: %s." % e
-        new_arch = _architecture(model_path)
-        if new_arch is not None and self.architecture is not None and new_arch != self.architecture:
-            return False, ("Failed to update weights: the checkpoint at %s is %s, the loaded model is %s; "
-                           "its tensors do not match the model's parameters.\nRolling back to original "
-                           "weights." % (model_path, new_arch, self.architecture))
+        shapes, digests = self._load_digests(files)
+        mismatch = self._shape_mismatch(shapes, _config(model_path))
+        if mismatch:
+            eng.crash_schedulers(mismatch)  # the server dies; this request is never answered
         oom = eng.stage_on_schedulers(sk.update_buffer_mib)
         if oom:
             return False, "Failed to update weights: %s.\nRolling back to original weights." % oom
         time.sleep(sk.update_weights_s)
-        self.digests = self._digests(files)
+        if shapes is not None and self.shapes is not None:
+            # tensors the model has no parameter for are skipped; parameters the checkpoint lacks keep their weights
+            digests = dict((name, digests.get(name, old)) for name, old in self.digests.items())
+        else:
+            self.shapes = shapes
+        self.digests = digests
         self.model_path = model_path
         self.served_model_name = model_path
         self.load_format = load_format
         eng.tokenizer_manager.served_model_name = model_path
         logger.info("Update weights end.")
         return True, "Succeeded to update model weights."
+
+    def _shape_mismatch(self, shapes, config):
+        """The loader's error for a tensor whose shape is not its parameter's, or None."""
+        if shapes is not None and self.shapes is not None:
+            for name, shape in shapes.items():
+                have = self.shapes.get(name)
+                if have is not None and have != shape:
+                    # the weight loader's param.data.copy_(loaded_weight), on the first parameter in module order
+                    if len(have) == len(shape) and all(isinstance(d, int) for d in have + shape):
+                        dim = [i for i, (a, b) in enumerate(zip(have, shape)) if a != b][-1]
+                        return ("The size of tensor a (%d) must match the size of tensor b (%d) at non-singleton "
+                                "dimension %d" % (have[dim], shape[dim], dim))
+                    return "size mismatch for %s: the checkpoint has %s, the model %s" % (name, shape, have)
+            return None
+        for field in SHAPE_FIELDS:
+            if field in config and field in self.config and config[field] != self.config[field]:
+                return ("size mismatch: the checkpoint's %s is %s, the model's %s (config.json; the simulator "
+                        "compares shapes there when the checkpoint has no safetensors headers)"
+                        % (field, config[field], self.config[field]))
+        return None
 
     def update_version(self, body):
         tm = self.engine.tokenizer_manager
