@@ -320,7 +320,7 @@ def test_a_group_split_over_batches_is_refused_before_anything_is_touched(group)
     pids = ensure_changed_config(group)
     run = group.run(changed_vars()(group), extravars={"sglang_serial": 1, "sglang_redeploy_force": True})
     assert run.rc != 0, run.summary()
-    check = run.task_result("Check that every rank of a multi-node server is in this batch", host=RANK0)
+    check = run.task_result("Find the other ranks of a multi-node server, and check that they are all in this batch", host=RANK0)
     assert check["failed"] and "this batch holds node rank(s) 0 of it (rank0)" in check["msg"], check
     assert "Nothing was touched" in check["msg"]
     assert [r["host"] for r in run.report] == [RANK0], run.report
