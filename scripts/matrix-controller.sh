@@ -34,8 +34,8 @@
 #     container of that image (tini as PID 1) with the checkout bind-mounted at
 #     the same path (.venv read-only: it is this machine's), and no network for
 #     unit and redeploy (loopback only). The sanity leg has the network
-#     (ansible-test installs its test requirements from PyPI; pip trusts this
-#     machine's CA bundle, copied into the image) and keeps ansible-test's
+#     (ansible-test installs its test requirements from PyPI; the image's trust
+#     store is this machine's CA bundle, copied in at build time) and keeps ansible-test's
 #     virtualenvs in a podman volume named after the image
 #     (gpufleet-core-VERSION-ansible-test-<hash>), so only its first run
 #     installs them.
@@ -160,7 +160,7 @@ router_pin() { grep -iE '^sglang-router==' requirements/dev.txt || die "requirem
 volume_of() { printf 'gpufleet-core-%s-ansible-test-%s' "$VERSION" "${1##*:}"; }
 
 ensure_image() {
-    local want hash ctx repo img in_use t0=$SECONDS
+    local want hash ctx repo t0=$SECONDS
     # One build at a time (two legs may start together; the image store is shared).
     exec 8>"$BUILD_DIR/gpufleet-matrix-controller.lock"
     flock 8
@@ -185,16 +185,24 @@ ensure_image() {
         build_from "$IMAGE" "$ctx" --build-arg "TOOLS_IMAGE=$TOOLS_IMAGE" --build-arg "VERSION=$VERSION" \
             --build-arg "STAMP=$want"
         say "built $IMAGE in $((SECONDS - t0)) s"
-        # The leg's older images and their ansible-test volumes go, unless a container uses them.
-        in_use=$(podman ps -a --format '{{.Image}}' | sort -u)
-        while read -r img; do
-            [[ -z $img || $img == "$IMAGE" ]] && continue
-            if grep -qxF "$img" <<<"$in_use"; then say "keeping $img (used by a container)"; continue; fi
-            if podman rmi "$img" >/dev/null 2>&1; then say "removed the older $img"; fi
-            podman volume rm "$(volume_of "$img")" >/dev/null 2>&1 || true
-        done < <(podman images --format '{{.Repository}}:{{.Tag}}' | grep -F "$repo:" || true)
+        # The leg's older images and their ansible-test volumes go, then the older controller images that no
+        # leg's image is built on any more.
+        prune_older "$repo" "$IMAGE" volumes
+        prune_older "${TOOLS_IMAGE%:*}" "$TOOLS_IMAGE"
     fi
     flock -u 8
+}
+
+prune_older() {  # prune_older REPOSITORY KEEP [volumes]: remove the other tags that no container uses
+    local repo=$1 keep=$2 img in_use
+    in_use=$(podman ps -a --format '{{.Image}}' | sort -u)
+    while read -r img; do
+        [[ -z $img || $img == "$keep" ]] && continue
+        if grep -qxF "$img" <<<"$in_use"; then say "keeping $img (used by a container)"; continue; fi
+        # An image that another image is built on stays (podman refuses); it goes with the last of those.
+        if podman rmi "$img" >/dev/null 2>&1; then say "removed the older $img"; else continue; fi
+        if [[ ${3:-} == volumes ]]; then podman volume rm "$(volume_of "$img")" >/dev/null 2>&1 || true; fi
+    done < <(podman images --format '{{.Repository}}:{{.Tag}}' | grep -F "$repo:" || true)
 }
 
 # Run this script's STEP again inside a throw-away container of the leg's image (extra podman options after it).
@@ -295,7 +303,7 @@ pip freeze against it (scripts/pins.py); scripts/matrix-controller.sh $VERSION l
     if [[ -n $SUITE ]]; then
         ensure_tools_image
         say "resolving $(pins | grep -v '^#' | tr '\n' ' ') in $TOOLS_IMAGE"
-        podman run --rm -v "$REPO:$REPO" -v "$tmp:$tmp" -w "$REPO" -e PIP_CERT=/etc/ssl/certs/gpufleet-build-ca.crt \
+        podman run --rm -v "$REPO:$REPO" -v "$tmp:$tmp" -w "$REPO" \
             "$TOOLS_IMAGE" bash -ec "python3 -m venv $tmp/venv
                 $tmp/venv/bin/python -m pip install --quiet --disable-pip-version-check -r $tmp/pins.txt -c $tmp/constraints.txt
                 python3 scripts/pins.py freeze $tmp/venv $LOCK --header \"\$(cat $tmp/header.txt)\""
@@ -323,7 +331,7 @@ elif [[ -n $SUITE && $IN_CONTAINER != 1 ]]; then
         sanity)
             sanity_copy
             in_container sanity -v "$SANITY_WORK:$SANITY_WORK" -e "GPUFLEET_SANITY_COPY=$SANITY_WORK" \
-                -v "$(volume_of "$IMAGE"):/root/.ansible/test" -e PIP_CERT=/etc/ssl/certs/gpufleet-build-ca.crt
+                -v "$(volume_of "$IMAGE"):/root/.ansible/test"
             ;;
     esac
 else

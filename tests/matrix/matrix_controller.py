@@ -127,8 +127,8 @@ def _matrix_controller_tools():
         assert command[0] == "ansible-playbook" and command[-1] == kwargs.get("playbook"), command
         # Warnings reach the runner as "verbose" events (the stdout artifact may not hold them).
         warnings = _warnings("\n".join(e.get("stdout") or "" for e in result.events))
-        assert not warnings, "ansible-core %s warned in %s:\n%s" % (_expected_core(), kwargs.get("playbook"),
-                                                                     "\n".join(warnings))
+        assert not warnings, "ansible-core %s warned in %s:\n%s" % (
+            _expected_core(), kwargs.get("playbook"), "\n".join(warnings))
         _RUNS.append(kwargs.get("playbook", "?"))
         return result
 
