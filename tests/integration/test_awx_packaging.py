@@ -192,6 +192,14 @@ def test_ansible_builder_create_offline(tmp_path):
                           cwd=str(build_dir), env=_env(ANSIBLE_GALAXY_SERVER_LIST="", ANSIBLE_GALAXY_DISABLE_GPG_VERIFY="1"),
                           capture_output=True, text=True, timeout=300, check=False)
     assert inst.returncode == 0, inst.stdout + inst.stderr
+    # The builder stage then introspects the installed collections (meta/execution-environment.yml): the EE gets
+    # the OpenSSH client that the playbooks need to reach the nodes, and no Python package beyond ansible-core.
+    intro = subprocess.run([str(VENV_BIN / "ansible-builder"), "introspect", str(installed)], env=_env(),
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert intro.returncode == 0, intro.stdout + intro.stderr
+    deps = yaml.safe_load(intro.stdout[intro.stdout.index("---"):])
+    assert deps == {"python": [], "system": ["openssh-clients [platform:rpm]  # from collection gpufleet.sglang",
+                                             "openssh-client [platform:dpkg]  # from collection gpufleet.sglang"]}, deps
     ee_env = _env(ANSIBLE_COLLECTIONS_PATH=str(installed))
     doc = subprocess.run([str(VENV_BIN / "ansible-doc"), "-t", "module", "gpufleet.sglang.sglang_router_worker"],
                          env=ee_env, capture_output=True, text=True, timeout=120, check=False)
