@@ -104,9 +104,8 @@ def job(tmp_path_factory, installed, procs):
     # The survey's answers as the example passes them (EAGLE3, topk 1, 16 draft tokens), less the router.
     answers = yaml.safe_load((EXAMPLE / "env" / "extravars").read_text())
     answers.pop("sglang_router_url")
-    assert {k: answers["sglang_survey_" + k] for k in ("speculative_algorithm", "speculative_eagle_topk",
-                                                        "speculative_num_draft_tokens")} == \
-        {k: INCIDENT_SPEC[k] for k in ("speculative_algorithm", "speculative_eagle_topk", "speculative_num_draft_tokens")}
+    spec = ("speculative_algorithm", "speculative_eagle_topk", "speculative_num_draft_tokens")
+    assert {k: answers["sglang_survey_" + k] for k in spec} == {k: INCIDENT_SPEC[k] for k in spec}
     # The inventory says 8 draft tokens; the survey answer (16) must win, as docs/awx.md says.
     host_vars = node.host_vars(sglang_server_args=node.server_args(speculative_num_draft_tokens=8))
     inventory = {"all": {"children": {"gpu-nodes": {"hosts": {"node1": host_vars}}}}}
@@ -132,8 +131,8 @@ def _runner(job, installed, ident, playbook=None, cmdline=None):
     assert proc.returncode == 0, "ansible-runner run -p %s: rc %d\n%s\n%s" % (
         playbook or job["playbook"], proc.returncode, stdout[-5000:], proc.stderr[-2000:])
     assert (artifacts / "status").read_text().strip() == "successful"
-    events = [json.loads(p.read_text()) for p in sorted((artifacts / "job_events").glob("*.json"),
-                                                         key=lambda p: int(p.name.split("-", 1)[0]))]
+    files = sorted((artifacts / "job_events").glob("*.json"), key=lambda p: int(p.name.split("-", 1)[0]))
+    events = [json.loads(p.read_text()) for p in files]
     command = json.loads((artifacts / "command").read_text())
     assert command["cwd"] == str(pdd / "project"), command          # the project root, with its ansible.cfg
     for key in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_COLLECTIONS_PATHS"):
@@ -214,4 +213,3 @@ def test_the_project_runs_the_runner_example_from_the_installed_tarball(job, ins
     assert msg["speculative"]["speculative_algorithm"] == "EAGLE3"
     assert int(msg["speculative"]["speculative_num_draft_tokens"]) == 16
     assert len(msg["gpus"]) == len(node.status()["gpus"])
-

@@ -6,12 +6,14 @@ Fragments added after the release (changelogs/fragments/) are the next release's
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -41,7 +43,15 @@ def test_changelog_rst_is_generated_from_changelog_yaml(tmp_path):
         shutil.copy(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "changelogs", tmp_path / "changelogs")
     tool = shutil.which("antsibull-changelog", path=str(VENV_BIN)) or str(REPO / ".venv" / "bin" / "antsibull-changelog")
-    proc = subprocess.run([tool, "generate"], cwd=str(tmp_path), capture_output=True, text=True, timeout=120, check=False)
+    try:
+        proc = subprocess.run([tool, "generate"], cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
+                              check=False)
+    except FileNotFoundError:
+        if os.environ.get("GPUFLEET_MATRIX_CORE"):
+            # A controller leg's container has the leg's venv only (its .venv is this machine's, not runnable there).
+            pytest.skip("antsibull-changelog (requirements/dev.txt) is not in this controller leg; the unit stage "
+                        "(.venv) checks CHANGELOG.rst")
+        raise
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = (REPO / "CHANGELOG.rst").read_text()
     assert (tmp_path / "CHANGELOG.rst").read_text() == text, "CHANGELOG.rst is stale: run antsibull-changelog generate"
