@@ -14,7 +14,7 @@ help:
 	@echo "make demo-clean  stop what the demo started (by PID) and remove .demo/"
 	@echo "make test        the whole suite: unit, integration, lint, sanity, molecule"
 	@echo "make real-server the real SGLang 0.5.23 server on this CPU: stand-ins, simulated GPUs, conformance"
-	@echo "make matrix      the support matrix: ansible-core 2.17/2.18, Debian 11/13 nodes, the user install, the EE"
+	@echo "make matrix      the support matrix: ansible-core 2.17/2.18/2.20/2.21, Debian 11/13 nodes, the user install, the EE"
 	@echo "make bench       outage, teardown, fleet and oracle benchmarks (prints ratios against the goals)"
 	@echo "make build       ansible-galaxy collection build"
 
@@ -44,9 +44,10 @@ image: sysdeps
 
 # The support matrix alone (docs/development.md "Support matrix"); make test runs it too.
 matrix: setup sysdeps
-	@$(VENV)/bin/python scripts/run-tests.py image-bullseye image-trixie molecule-bullseye molecule-trixie \
-		core-2.17-unit core-2.18-unit core-2.17-sanity core-2.18-sanity ee-build core-2.17-redeploy \
-		core-2.18-redeploy user-install ee
+	@$(VENV)/bin/python scripts/run-tests.py image-bullseye image-trixie core-2.20-image core-2.21-image \
+		molecule-bullseye molecule-trixie core-2.17-unit core-2.18-unit core-2.20-unit core-2.21-unit \
+		core-2.17-sanity core-2.18-sanity core-2.20-sanity core-2.21-sanity ee-build core-2.17-redeploy \
+		core-2.18-redeploy core-2.20-redeploy core-2.21-redeploy user-install ee
 
 bench: setup
 	@$(VENV)/bin/python bench/run.py

@@ -13,10 +13,10 @@
 #      (tests/matrix/ee/Containerfile.base says why);
 #   3. `make build` (the Galaxy tarball that execution-environment.yml installs);
 #   4. `ansible-builder build -f execution-environment.yml` with
-#      EE_BASE_IMAGE=<step 2>, PKGMGR=/usr/bin/apt-get (the collection needs no
-#      system packages, so apt-get only answers "already installed" and
-#      "clean") and PYCMD=/opt/ee/bin/python3.11. The build's pip steps fetch
-#      ansible-core, ansible-runner, bindep and dumb-init from PyPI.
+#      EE_BASE_IMAGE=<step 2>, PKGMGR=/usr/bin/apt-get (it installs the system
+#      packages the collection declares in meta/ee-bindep.txt, openssh-client,
+#      from the Debian mirror) and PYCMD=/opt/ee/bin/python3.11. The build's pip
+#      steps fetch ansible-core, ansible-runner, bindep and dumb-init from PyPI.
 # Tags are hashes of their inputs (base tag, Containerfile, CA bundle;
 # the tarball's member names and contents, not its timestamps;
 # execution-environment.yml, ansible-builder version), so a change rebuilds

@@ -10,12 +10,14 @@ commit: build the venv from its top-level requirements without the lock, run its
 then ``freeze`` it into the lock.
 
 Usage:
-  scripts/pins.py check  VENV LOCK [--allow NAME ...]
+  scripts/pins.py check  VENV LOCK [--allow NAME ...] [--subset]
   scripts/pins.py freeze VENV LOCK --header TEXT
   scripts/pins.py digest FILE...          (one sha256 over the files: the venv stamps)
 
 ``--allow`` names packages that are installed another way (a local wheel, torch's CPU
-build) and are checked by name only.
+build) and are checked by name only. ``--subset``: the venv holds part of what the lock
+pins (a tool installed apart, with the lock as constraints): every installed package must
+be in the lock at its version, and lock entries that are not installed are fine.
 """
 from __future__ import annotations
 
@@ -64,10 +66,10 @@ def frozen(venv: pathlib.Path) -> dict[str, str]:
     return pins
 
 
-def differences(installed: dict[str, str], locked: dict[str, str], allow=()) -> list[str]:
+def differences(installed: dict[str, str], locked: dict[str, str], allow=(), subset=False) -> list[str]:
     allow = {normalise(a) for a in allow}
     problems = []
-    for name in sorted(set(installed) | set(locked)):
+    for name in sorted(set(installed) | (set() if subset else set(locked))):
         have, want = installed.get(name), locked.get(name)
         if name in BOOTSTRAP:
             continue
@@ -88,6 +90,7 @@ def main(argv=None) -> int:
     check.add_argument("venv", type=pathlib.Path)
     check.add_argument("lock", type=pathlib.Path)
     check.add_argument("--allow", action="append", default=[])
+    check.add_argument("--subset", action="store_true")
     freeze = sub.add_parser("freeze")
     freeze.add_argument("venv", type=pathlib.Path)
     freeze.add_argument("lock", type=pathlib.Path)
@@ -109,7 +112,7 @@ def main(argv=None) -> int:
         args.lock.write_text(header + body)
         print("pins: wrote %d pins to %s" % (len(pins), args.lock))
         return 0
-    problems = differences(frozen(args.venv), parse(args.lock.read_text().splitlines()), args.allow)
+    problems = differences(frozen(args.venv), parse(args.lock.read_text().splitlines()), args.allow, args.subset)
     if problems:
         print("pins: %s does not match %s:" % (args.venv, args.lock), file=sys.stderr)
         for problem in problems:

@@ -83,12 +83,22 @@ STAGES: dict[str, tuple[list[str], str]] = {
     # Controller matrix: ansible-core 2.17 and 2.18 (2.19 is .venv: the stages above).
     "core-2.17-unit": (["bash", "scripts/matrix-controller.sh", "2.17", "unit"], "pytest"),
     "core-2.18-unit": (["bash", "scripts/matrix-controller.sh", "2.18", "unit"], "pytest"),
+    # ansible-core 2.20 and 2.21 need Python 3.12+: each leg runs in a container of its Debian 13 image, which the
+    # -image stage builds beside lint (scripts/matrix-controller.sh; docs/development.md "Support matrix").
+    "core-2.20-image": (["bash", "scripts/matrix-controller.sh", "2.20", "venv"], "check"),
+    "core-2.21-image": (["bash", "scripts/matrix-controller.sh", "2.21", "venv"], "check"),
+    "core-2.20-unit": (["bash", "scripts/matrix-controller.sh", "2.20", "unit"], "pytest"),
+    "core-2.21-unit": (["bash", "scripts/matrix-controller.sh", "2.21", "unit"], "pytest"),
     "core-2.17-sanity": (["bash", "scripts/matrix-controller.sh", "2.17", "sanity"], "check"),
     "core-2.18-sanity": (["bash", "scripts/matrix-controller.sh", "2.18", "sanity"], "check"),
+    "core-2.20-sanity": (["bash", "scripts/matrix-controller.sh", "2.20", "sanity"], "check"),
+    "core-2.21-sanity": (["bash", "scripts/matrix-controller.sh", "2.21", "sanity"], "check"),
     # The execution environment (ansible-builder on a local base), built beside the two sanity legs.
     "ee-build": (["bash", "scripts/matrix-ee.sh"], "check"),
     "core-2.17-redeploy": (["bash", "scripts/matrix-controller.sh", "2.17", "redeploy"], "pytest"),
     "core-2.18-redeploy": (["bash", "scripts/matrix-controller.sh", "2.18", "redeploy"], "pytest"),
+    "core-2.20-redeploy": (["bash", "scripts/matrix-controller.sh", "2.20", "redeploy"], "pytest"),
+    "core-2.21-redeploy": (["bash", "scripts/matrix-controller.sh", "2.21", "redeploy"], "pytest"),
     # The tarball as a user installs it (clean venv with only ansible-core), and a redeploy inside the EE.
     "user-install": (_pytest("user-install", ["tests/matrix/test_user_install.py"]), "pytest"),
     "ee": (_pytest("ee", ["tests/matrix/test_execution_environment.py"]), "pytest"),
@@ -114,6 +124,7 @@ def _count_junit(path: pathlib.Path) -> tuple[int, int, int]:
 # (CPU, and not sensitive to timing), not beside the timing-sensitive suites.
 # It is still reported, and waited for, at its own place in the order.
 EARLY = {"image": "lint", "image-bullseye": "lint", "image-trixie": "lint",
+         "core-2.20-image": "lint", "core-2.21-image": "lint",
          # ansible-builder (podman build: apt and pip downloads) beside the matrix's ansible-test sanity
          # legs (CPU, not timing-sensitive); waited for before the redeploys.
          "ee-build": "core-2.17-sanity"}

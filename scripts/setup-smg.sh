@@ -37,4 +37,4 @@ if ! up_to_date; then
     echo "$want" > "$STAMP"
   fi
 fi
-echo "$PWD/$VENV/bin/smg"
+case $VENV in /*) echo "$VENV/bin/smg" ;; *) echo "$PWD/$VENV/bin/smg" ;; esac

@@ -20,6 +20,8 @@ description:
   - With O(report_dir), it also checks that the run report can be written there, so that a run whose
     report cannot be written fails before any node is touched.
   - The result is also returned as the fact C(sglang_redeploy_run) (C(run_id), C(controller), C(report_dir)).
+    Read it as C(ansible_facts['sglang_redeploy_run']) (with C(delegate_facts), of the host it was delegated to),
+    not as a top-level variable, which ansible-core 2.20 deprecates.
 options:
   run_id:
     description: Use this run id instead of a new one (a rerun that continues a named run).

@@ -19,6 +19,8 @@ import ensurepip
 
 args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
 bundled = glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), "_bundled", "pip-*.whl"))
+# Debian's Python takes ensurepip's wheels from python3-pip-whl (the controller legs' trixie image).
+bundled += glob.glob("/usr/share/python-wheels/pip-*.whl")
 if not bundled:
     sys.exit("get_pip_offline: ensurepip has no bundled pip wheel")
 env = dict(os.environ, PYTHONPATH=bundled[0])

@@ -10,8 +10,10 @@
   ``meta/argument_specs.yml`` or in ``docs/awx/variables.yml``, with
   compatible types, choices and defaults; every entry of variables.yml is
   still read where it says; the credential type injects only declared secrets.
-- ``docs/awx/runner-example`` runs through ``ansible_runner.run()`` against a
-  simulated GPU node with a simulated SGLang server.
+
+The runner example itself runs in tests/integration/test_awx_project.py (the repository as an AWX
+project, the collection from the installed tarball) and, inside the built execution environment, in
+tests/matrix/test_execution_environment.py.
 """
 from __future__ import annotations
 
@@ -27,13 +29,10 @@ import tarfile
 import pytest
 import yaml
 
-from launch_helpers import Procs, free_port  # noqa: E402  (tests/integration is on sys.path)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 AWX = REPO / "docs" / "awx"
 VENV_BIN = pathlib.Path(sys.executable).parent
-SIM_PY = REPO / "simulator" / "python"
-SIM_BIN = REPO / "simulator" / "bin"
 
 # AWX survey question type -> the spec types it can feed.
 SURVEY_TYPES = {
@@ -193,6 +192,14 @@ def test_ansible_builder_create_offline(tmp_path):
                           cwd=str(build_dir), env=_env(ANSIBLE_GALAXY_SERVER_LIST="", ANSIBLE_GALAXY_DISABLE_GPG_VERIFY="1"),
                           capture_output=True, text=True, timeout=300, check=False)
     assert inst.returncode == 0, inst.stdout + inst.stderr
+    # The builder stage then introspects the installed collections (meta/execution-environment.yml): the EE gets
+    # the OpenSSH client that the playbooks need to reach the nodes, and no Python package beyond ansible-core.
+    intro = subprocess.run([str(VENV_BIN / "ansible-builder"), "introspect", str(installed)], env=_env(),
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert intro.returncode == 0, intro.stdout + intro.stderr
+    deps = yaml.safe_load(intro.stdout[intro.stdout.index("---"):])
+    assert deps == {"python": [], "system": ["openssh-clients [platform:rpm]  # from collection gpufleet.sglang",
+                                             "openssh-client [platform:dpkg]  # from collection gpufleet.sglang"]}, deps
     ee_env = _env(ANSIBLE_COLLECTIONS_PATH=str(installed))
     doc = subprocess.run([str(VENV_BIN / "ansible-doc"), "-t", "module", "gpufleet.sglang.sglang_router_worker"],
                          env=ee_env, capture_output=True, text=True, timeout=120, check=False)
@@ -316,81 +323,3 @@ def test_job_template_definition():
         assert name in awx_md, "%s is not explained in docs/awx.md" % name
     ct = json.loads((AWX / "credential_type.json").read_text())
     assert ct["name"] in awx_md
-
-
-# --------------------------------------------------------------------------
-# ansible-runner
-# --------------------------------------------------------------------------
-
-@pytest.fixture
-def servers():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
-
-
-@pytest.mark.slow
-def test_runner_example_status_against_a_simulated_node(sim_node, servers, tmp_path, monkeypatch):
-    ansible_runner = pytest.importorskip("ansible_runner")
-    import time
-    from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import HTTPConnectionError, request
-
-    # A simulated server on the node: EAGLE3, topk 1, steps 3, 4 draft tokens, one GPU.
-    models = tmp_path / "models"
-    for name, arch in (("target", "Qwen3ForCausalLM"), ("draft", "LlamaForCausalLMEagle3")):
-        (models / name).mkdir(parents=True)
-        (models / name / "config.json").write_text(json.dumps({"architectures": [arch]}))
-    port = free_port()
-    args = ["--model-path", str(models / "target"), "--port", str(port), "--speculative-algorithm", "EAGLE3",
-            "--speculative-draft-model-path", str(models / "draft"), "--speculative-eagle-topk", "1",
-            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
-    env = dict(sim_node.env, CUDA_VISIBLE_DEVICES="0", SGLANG_SIM_STARTUP_S="0.3", SGLANG_SIM_WARMUP_S="0.05")
-    with open(tmp_path / "server.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server"] + args, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    servers.add(proc.pid)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if request("GET", "http://127.0.0.1:%d/health" % port, timeout=2)[0] == 200:
-                break
-        except HTTPConnectionError:
-            pass
-        assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-2000:]
-        time.sleep(0.2)
-
-    # The example, with its inventory swapped for the simulated node.
-    pdd = tmp_path / "runner"
-    shutil.copytree(AWX / "runner-example", pdd)
-    example_inventory = _yaml(pdd / "inventory" / "hosts.yml")
-    group_vars = example_inventory["all"]["children"]["gpu-nodes"]["vars"]
-    (pdd / "inventory" / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu-nodes": {"hosts": {"sim-node": {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-        "sglang_node_environment": {"GPUSIM_ROOT": sim_node.root, "PATH": "%s:/usr/bin:/bin" % SIM_BIN},
-        "sglang_server_name": "example",
-        "sglang_server_state_dir": str(tmp_path / "state"),
-        "sglang_server_args": {"model_path": str(models / "target"), "port": port},
-    }}}}}}))
-    assert group_vars["sglang_server_args"]["model_path"]   # the example itself describes a real fleet
-
-    monkeypatch.setenv("PATH", "%s:%s" % (VENV_BIN, os.environ.get("PATH", "")))
-    monkeypatch.setenv("ANSIBLE_COLLECTIONS_PATH", str(REPO / ".collections"))
-    monkeypatch.setenv("ANSIBLE_CONFIG", str(REPO / "ansible.cfg"))
-    monkeypatch.setenv("ANSIBLE_NOCOLOR", "1")
-    result = ansible_runner.run(private_data_dir=str(pdd), playbook="status.yml", quiet=True,
-                                envvars={"ANSIBLE_COLLECTIONS_PATH": str(REPO / ".collections")})
-    stdout = result.stdout.read() if hasattr(result.stdout, "read") else ""
-    assert result.status == "successful" and result.rc == 0, stdout[-4000:]
-    shown = [e["event_data"]["res"]["msg"] for e in result.events
-             if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == "Show the status"]
-    assert len(shown) == 1, stdout[-4000:]
-    msg = shown[0]
-    assert str(msg["health"]) == "200"
-    assert msg["speculative"]["speculative_algorithm"] == "EAGLE3"
-    assert int(msg["speculative"]["speculative_num_draft_tokens"]) == 4
-    assert len(msg["gpus"]) == len(sim_node.status()["gpus"])
-    # env/extravars reached the run.
-    assert result.config.extra_vars or (pdd / "env" / "extravars").exists()
-    assert (pdd / "artifacts").is_dir()

@@ -15,8 +15,10 @@ Loaded with ``-p matrix_controller`` (tests/matrix on PYTHONPATH), in the leg's 
   (runner starts the bare ``ansible-playbook`` through pexpect, which looks it up on that PATH;
   runner's ``binary=`` would switch it to raw mode, without the playbook argument). Before every
   run that PATH must resolve ``ansible-playbook`` to the leg's, and after it the runner's record
-  of the command (``artifacts/<ident>/command``) must be the playbook run; the session fails if a
-  playbook test ran no playbook at all this way.
+  of the command (``artifacts/<ident>/command``) must be the playbook run, with deprecation warnings
+  turned on (the helpers turn them off), and its output must hold no ``[WARNING]`` and no
+  ``[DEPRECATION WARNING]`` (a collection that claims not to support this core, an injected fact
+  read as a variable, ...); the session fails if a playbook test ran no playbook at all this way.
 """
 from __future__ import annotations
 
@@ -80,6 +82,19 @@ def _backport_patch_module_args():
     ansible.module_utils.testing = testing
 
 
+def _warnings(stdout):
+    """The warning and deprecation lines of a playbook run's output (with their continuation lines)."""
+    found = []
+    for line in stdout.splitlines():
+        if line.startswith(("[WARNING]", "[DEPRECATION WARNING]")):
+            found.append(line)
+        elif found and line.startswith((" ", "Origin:", "Use `")) and found[-1] is not None:
+            found[-1] += "\n" + line
+        else:
+            found.append(None)
+    return [w for w in found if w]
+
+
 def pytest_report_header(config):
     return "controller matrix: ansible-core %s from %s" % (getattr(config, "_matrix_core", "?"), MATRIX_BIN)
 
@@ -98,14 +113,22 @@ def _matrix_controller_tools():
     original = ansible_runner.run
 
     def run(**kwargs):
-        path = (kwargs.get("envvars") or {}).get("PATH", "")
+        envvars = dict(kwargs.get("envvars") or {})
+        path = envvars.get("PATH", "")
         found = shutil.which("ansible-playbook", path=path)
         assert found and pathlib.Path(found) == playbook, (
             "ansible-runner would start %s, not this leg's %s (PATH %s)" % (found, playbook, path))
+        # Deprecation warnings on (the playbook helpers turn them off): a leg shows what this core says.
+        envvars["ANSIBLE_DEPRECATION_WARNINGS"] = "1"
+        kwargs["envvars"] = envvars
         result = original(**kwargs)
-        record = pathlib.Path(kwargs["private_data_dir"]) / "artifacts" / kwargs.get("ident", "") / "command"
-        command = json.loads(record.read_text())["command"]
+        artifacts = pathlib.Path(kwargs["private_data_dir"]) / "artifacts" / kwargs.get("ident", "")
+        command = json.loads((artifacts / "command").read_text())["command"]
         assert command[0] == "ansible-playbook" and command[-1] == kwargs.get("playbook"), command
+        # Warnings reach the runner as "verbose" events (the stdout artifact may not hold them).
+        warnings = _warnings("\n".join(e.get("stdout") or "" for e in result.events))
+        assert not warnings, "ansible-core %s warned in %s:\n%s" % (
+            _expected_core(), kwargs.get("playbook"), "\n".join(warnings))
         _RUNS.append(kwargs.get("playbook", "?"))
         return result
 
@@ -116,8 +139,14 @@ def _matrix_controller_tools():
         ansible_runner.run = original
 
 
+def _runs_playbook_tests(session):
+    """True when this session ran the playbook tests (tests/integration); unit tests import the helpers too."""
+    return any("tests/integration/" in item.nodeid or item.nodeid.startswith("integration/")
+               for item in getattr(session, "items", []))
+
+
 def pytest_sessionfinish(session, exitstatus):
-    if "playbook_helpers" in sys.modules and session.testscollected and not _RUNS and exitstatus == 0:
+    if _runs_playbook_tests(session) and session.testscollected and not _RUNS and exitstatus == 0:
         session.exitstatus = 1
         sys.stderr.write("controller matrix: the playbook tests passed without running a playbook through %s\n"
                          % (MATRIX_BIN / "ansible-playbook"))

@@ -136,6 +136,10 @@ def test_the_ee_holds_the_collection_and_the_pinned_controller(container):
     ours = [path for path, found in listed.items() if "gpufleet.sglang" in found]
     assert ours == ["/usr/share/ansible/collections/ansible_collections"], listed
     assert set(listed[ours[0]]) == {"gpufleet.sglang"}, listed
+    # The system packages the collection declares (meta/execution-environment.yml -> meta/ee-bindep.txt): the
+    # OpenSSH client, which ansible-builder installed through bindep (the Debian base has none).
+    ssh = _exec(container, "ssh", "-V")
+    assert "OpenSSH" in ssh.stdout + ssh.stderr, ssh.stdout + ssh.stderr
     # The tarball's collection only: no test support came along.
     files = _exec(container, "ls", "/usr/share/ansible/collections/ansible_collections/gpufleet/sglang").stdout.split()
     assert "simulator" not in files and "tests" not in files and "plugins" in files, files

@@ -105,14 +105,31 @@ def _run(env, plugin_type, names, as_json=False):
     return subprocess.run(argv, env=env, cwd=str(REPO), capture_output=True, text=True, timeout=TIMEOUT, check=False)
 
 
+def _core_warning_about_its_own_internal_collection() -> str:
+    """The one warning that is ansible-core's, not ours: ``ansible-doc -t role`` of ansible-core 2.20 and 2.21
+    warns about its internal ``ansible._protomatter`` collection, inside its own package, for any collection
+    (ansible/ansible#85689, fixed by ansible/ansible#86815). Matched exactly, with the path of the running
+    ansible-core."""
+    import ansible
+    return ("[WARNING]: Collection at '%s' does not have a MANIFEST.json file, nor has it galaxy.yml: cannot "
+            "detect version." % os.path.join(os.path.dirname(ansible.__file__), "_internal", "ansible_collections",
+                                             "ansible", "_protomatter"))
+
+
+def _stderr(proc) -> str:
+    """stderr without ansible-core's warning about its own internal collection."""
+    known = _core_warning_about_its_own_internal_collection()
+    return "\n".join(line for line in proc.stderr.splitlines() if line.strip() != known)
+
+
 def _clean(proc) -> bool:
-    return proc.returncode == 0 and "WARNING" not in proc.stderr and "ERROR" not in proc.stderr
+    return proc.returncode == 0 and "WARNING" not in _stderr(proc) and "ERROR" not in _stderr(proc)
 
 
 def _assert_clean(proc, what):
     assert proc.returncode == 0, "%s: rc %d\n%s" % (what, proc.returncode, proc.stderr)
-    assert "WARNING" not in proc.stderr, "%s:\n%s" % (what, proc.stderr)
-    assert "ERROR" not in proc.stderr, "%s:\n%s" % (what, proc.stderr)
+    assert "WARNING" not in _stderr(proc), "%s:\n%s" % (what, proc.stderr)
+    assert "ERROR" not in _stderr(proc), "%s:\n%s" % (what, proc.stderr)
 
 
 @functools.lru_cache(maxsize=None)

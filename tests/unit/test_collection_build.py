@@ -1,7 +1,7 @@
 """``make build`` produces a clean collection tarball that installs and documents itself.
 
 The tarball must hold the collection only (plugins, roles, playbooks, meta,
-docs, changelogs, README.md, LICENSE, and the MANIFEST.json/FILES.json that
+docs, changelogs, README.md, CHANGELOG.rst, LICENSE, and the MANIFEST.json/FILES.json that
 the build writes): no simulator (its Python package ``sglang`` would shadow
 the real SGLang wherever the collection lands on ``sys.path``), no tests,
 benchmarks, molecule scenarios or developer tooling, and nothing that a commit
@@ -30,13 +30,14 @@ VENV_BIN = pathlib.Path(sys.executable).parent
 TIMEOUT = 600
 
 # Top-level entries a user's copy of the collection may have (galaxy.yml build_ignore keeps the rest out).
-ALLOWED_TOP = {"plugins", "roles", "playbooks", "meta", "docs", "changelogs", "README.md", "LICENSE",
+ALLOWED_TOP = {"plugins", "roles", "playbooks", "meta", "docs", "changelogs", "README.md", "CHANGELOG.rst", "LICENSE",
                "MANIFEST.json", "FILES.json"}
 # Must be there: without them the tarball is not the collection.
 REQUIRED = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "meta/runtime.yml", "playbooks/redeploy.yml",
-            "docs/user-guide.md"}
+            "docs/user-guide.md", "CHANGELOG.rst", "changelogs/changelog.yaml", "meta/execution-environment.yml",
+            "meta/ee-bindep.txt"}
 # Contributor pages and unreleased changelog fragments: in the repository, not in a user's copy.
-CONTRIBUTOR_ONLY = ("docs/development.md", "docs/design.md", "changelogs/fragments/")
+CONTRIBUTOR_ONLY = ("docs/development.md", "docs/design.md", "changelogs/fragments/", "changelogs/.plugin-cache.yaml")
 # Top-level import names of the test support (simulator/python): a package or module of that name anywhere in
 # the tarball could end up on sys.path and shadow the real one. Everything under plugins/ is imported through
 # Ansible's collection loader (ansible_collections.gpufleet.sglang.plugins...), so plugins/filter/sglang.py and
@@ -61,12 +62,21 @@ def _assert_quiet(proc, what):
 
 
 @pytest.fixture(scope="module")
-def tarball():
+def tarball(tmp_path_factory):
     galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
-    path = REPO / ".cache" / "build" / ("%s-%s-%s.tar.gz" % (galaxy["namespace"], galaxy["name"], galaxy["version"]))
-    build = subprocess.run(["make", "--no-print-directory", "build"], cwd=str(REPO), env=_env(),
-                           capture_output=True, text=True, timeout=TIMEOUT, check=False)
-    _assert_quiet(build, "make build")
+    name = "%s-%s-%s.tar.gz" % (galaxy["namespace"], galaxy["name"], galaxy["version"])
+    if os.environ.get("GPUFLEET_MATRIX_CORE"):
+        # A controller matrix leg (scripts/matrix-controller.sh): the build command of `make build`, with the leg's
+        # own ansible-galaxy (make would use .venv's), into a directory of this test.
+        out = tmp_path_factory.mktemp("build")
+        path = out / name
+        argv = [str(VENV_BIN / "ansible-galaxy"), "collection", "build", "--force", "--output-path", str(out), "."]
+    else:
+        path = REPO / ".cache" / "build" / name
+        argv = ["make", "--no-print-directory", "build"]
+    build = subprocess.run(argv, cwd=str(REPO), env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+                           check=False)
+    _assert_quiet(build, " ".join(argv[:3]))
     assert path.is_file(), build.stdout
     return path
 

@@ -189,7 +189,8 @@ def subprocess_runner(timeout=60, env=None):
         full_env = dict(os.environ if env is None else env)
         full_env.update(C_LOCALE)
         try:
-            proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+            # Not AnsibleModule.run_command: it has no timeout, and this runner must end a hung nvidia-smi.
+            proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,  # pylint: disable=ansible-bad-function
                                   timeout=timeout, check=False)
         except subprocess.TimeoutExpired as exc:
             return 124, (exc.stdout or b'').decode('utf-8', 'replace'), 'timed out after %s s' % timeout

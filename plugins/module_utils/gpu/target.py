@@ -174,7 +174,8 @@ def subprocess_run(env=None):
         full_env = dict(os.environ if env is None else env)
         full_env.update(gpu_query.C_LOCALE)
         try:
-            proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+            # Not AnsibleModule.run_command: it has no timeout (and in-process callers have no module).
+            proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,  # pylint: disable=ansible-bad-function
                                   timeout=timeout or None, check=False)
         except subprocess.TimeoutExpired as exc:
             return 124, (exc.stdout or b'').decode('utf-8', 'replace'), 'timed out after %s s' % timeout

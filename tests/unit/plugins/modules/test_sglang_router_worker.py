@@ -1122,8 +1122,12 @@ def _smg1():
 
 def _router_032():
     """sglang-router 0.3.2's ``smg`` entry point: in the project's .venv (requirements), which the ansible-core
-    2.17/2.18 matrix venvs do not hold (they run this file with their own interpreter)."""
-    for place in (pathlib.Path(sys.executable).parent, REPO / ".venv" / "bin"):
+    2.17/2.18 matrix venvs do not hold (they run this file with their own interpreter); the container legs
+    (2.20, 2.21) have their own copy, named by GPUFLEET_SGLANG_ROUTER_BIN (scripts/matrix-controller.sh)."""
+    places = [pathlib.Path(sys.executable).parent, REPO / ".venv" / "bin"]
+    if os.environ.get("GPUFLEET_SGLANG_ROUTER_BIN"):
+        places.insert(0, pathlib.Path(os.environ["GPUFLEET_SGLANG_ROUTER_BIN"]))
+    for place in places:
         if (place / "smg").is_file():
             return str(place / "smg")
     raise AssertionError("sglang-router 0.3.2 is not installed: run make setup (requirements/dev.txt pins it)")
