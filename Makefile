@@ -52,8 +52,12 @@ matrix: setup sysdeps
 bench: setup
 	@$(VENV)/bin/python bench/run.py
 
+# Built aside and renamed into place: stages that run side by side (unit, integration, user-install, ee-build)
+# each build, and a reader never sees a half-written tarball.
 build: setup
-	@mkdir -p .cache/build && ansible-galaxy collection build --force --output-path .cache/build .
+	@mkdir -p .cache/build && tmp=$$(mktemp -d .cache/build/.tmp.XXXXXX) \
+		&& ansible-galaxy collection build --force --output-path "$$tmp" . \
+		&& mv -f "$$tmp"/*.tar.gz .cache/build/ && rmdir "$$tmp"
 
 clean: demo-clean
 	rm -rf .cache tests/output

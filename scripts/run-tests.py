@@ -119,15 +119,12 @@ def _count_junit(path: pathlib.Path) -> tuple[int, int, int]:
     return total - failed - skipped, failed, skipped
 
 
-# A stage started early, in the background, next to another one: the image
-# build (debootstrap: mostly disk and network) runs beside lint and sanity
-# (CPU, and not sensitive to timing), not beside the timing-sensitive suites.
-# It is still reported, and waited for, at its own place in the order.
-EARLY = {"image": "lint", "image-bullseye": "lint", "image-trixie": "lint",
-         "core-2.20-image": "lint", "core-2.21-image": "lint",
-         # ansible-builder (podman build: apt and pip downloads) beside the matrix's ansible-test sanity
-         # legs (CPU, not timing-sensitive); waited for before the redeploys.
-         "ee-build": "core-2.17-sanity"}
+# A stage started early, in the background, next to another one of its lane: the image builds
+# (debootstrap and podman: mostly disk and network) beside each other, the EE build beside the first
+# scenario. It is still reported, and waited for, at its own place in its lane.
+EARLY = {"image-bullseye": "image", "image-trixie": "image", "core-2.20-image": "image", "core-2.21-image": "image",
+         # ansible-builder (podman build: apt and pip downloads) beside the first scenario.
+         "ee-build": "molecule-default"}
 
 
 class Started:
@@ -144,12 +141,17 @@ class Started:
         self.end = None
         self._fh = self.log.open("w")
         self.proc = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=self._fh, stderr=subprocess.STDOUT)
+        self.cpu = None
         # Stamp the end when it happens: a background stage is waited for later.
         self._reaper = threading.Thread(target=self._reap, daemon=True)
         self._reaper.start()
 
     def _reap(self) -> None:
-        self.proc.wait()
+        # wait4: the stage's own CPU time (its process and every descendant it waited for), apart from the
+        # stages that run beside it.
+        _pid, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.cpu = usage.ru_utime + usage.ru_stime
         self.end = time.monotonic()
 
     def wait(self) -> tuple[int, float]:
@@ -157,6 +159,9 @@ class Started:
         self._reaper.join()
         self._fh.close()
         return self.proc.returncode, self.end - self.start
+
+
+PRINT = threading.Lock()
 
 
 def run_stage(name: str, started: Started | None = None) -> tuple[int, int, int]:
@@ -173,14 +178,73 @@ def run_stage(name: str, started: Started | None = None) -> tuple[int, int, int]
         passed, failed, skipped = (1, 0, 0) if returncode == 0 else (0, 1, 0)
     status = "ok" if failed == 0 and returncode in (0, 5) else "FAILED"
     extra = f", {skipped} skipped" if skipped else ""
-    print(f"[{status:>6}] {name:<20} {passed} passed, {failed} failed{extra} ({elapsed:.1f} s; log {log.relative_to(REPO)})",
-          flush=True)
-    if status != "ok":
-        tail = log.read_text(errors="replace").splitlines()[-40:]
-        print("         last lines of the log:")
-        for line in tail:
-            print(f"         | {line}")
+    with PRINT:
+        print(f"[{status:>6}] {name:<20} {passed} passed, {failed} failed{extra} ({elapsed:.1f} s, CPU {started.cpu:.0f} s; "
+              f"log {log.relative_to(REPO)})", flush=True)
+        if status != "ok":
+            tail = log.read_text(errors="replace").splitlines()[-40:]
+            print("         last lines of the log:")
+            for line in tail:
+                print(f"         | {line}")
     return passed, failed, skipped
+
+
+# The stages run in lanes: each lane runs its stages in order, the lanes run side by side (2 cores: the
+# pytest suites, which wait on the processes they start, beside the container and matrix stages, which are
+# mostly podman, downloads and ansible-test). A stage waits for the stages named in AFTER, in any lane.
+LANES = (
+    ("unit", "integration", "real-server", "differential", "gpu-kit", "user-install"),
+    ("lint", "sanity", "core-2.17-unit", "core-2.18-unit", "core-2.17-sanity", "core-2.18-sanity",
+     "core-2.17-redeploy", "core-2.18-redeploy"),
+    ("image", "image-bullseye", "image-trixie", "core-2.20-image", "core-2.21-image", "molecule-default",
+     "molecule-faults", "molecule-multinode", "molecule-bullseye", "molecule-trixie", "ee-build", "ee",
+     "core-2.20-unit", "core-2.21-unit", "core-2.20-sanity", "core-2.21-sanity", "core-2.20-redeploy",
+     "core-2.21-redeploy"),
+)
+# (the image builds of lane 3 are also in EARLY: they start at once, beside each other)
+AFTER = {
+    # the matrix legs reuse the sanity venv's ansible-test requirements cache and the unit stage's .venv
+    "core-2.17-sanity": ("sanity",),
+}
+
+
+class Lanes:
+    """Run ``names`` in their lanes, side by side; collect the totals."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.done: dict[str, threading.Event] = dict((n, threading.Event()) for n in names)
+        self.totals = [0, 0]
+        self.lock = threading.Lock()
+
+    def lane(self, stages: list[str]) -> None:
+        early: dict[str, Started] = {}
+        for i, name in enumerate(stages):
+            for dep in AFTER.get(name, ()):
+                if dep in self.done:
+                    self.done[dep].wait()
+            for stage, beside in EARLY.items():
+                if beside == name and stage in stages[i + 1:] and stage not in early:
+                    early[stage] = Started(stage)
+            try:
+                p, f, _skipped = run_stage(name, early.pop(name, None))
+            finally:
+                self.done[name].set()
+            with self.lock:
+                self.totals[0] += p
+                self.totals[1] += f
+
+    def run(self) -> tuple[int, int]:
+        placed = set(n for lane in LANES for n in lane)
+        lanes = [[n for n in lane if n in self.names] for lane in LANES]
+        # A stage in no lane (a new one) runs in the first lane, after the others.
+        lanes[0] += [n for n in self.names if n not in placed]
+        threads = [threading.Thread(target=self.lane, args=(lane,)) for lane in lanes if lane]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return self.totals[0], self.totals[1]
 
 
 def main(argv: list[str]) -> int:
@@ -189,17 +253,12 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"unknown stage(s) {unknown}; known: {', '.join(STAGES)}", file=sys.stderr)
         return 2
-    total_p = total_f = 0
     start = time.monotonic()
-    early: dict[str, Started] = {}
-    for i, name in enumerate(names):
-        for stage, beside in EARLY.items():
-            if beside == name and stage in names[i + 1:] and stage not in early:
-                early[stage] = Started(stage)
-        p, f, _skipped = run_stage(name, early.pop(name, None))
-        total_p += p
-        total_f += f
-    print(f"all stages took {time.monotonic() - start:.0f} s")
+    cpu0 = os.times()
+    total_p, total_f = Lanes(names).run()
+    cpu1 = os.times()
+    cpu = (cpu1.children_user + cpu1.children_system) - (cpu0.children_user + cpu0.children_system)
+    print(f"all stages took {time.monotonic() - start:.0f} s (CPU {cpu:.0f} s on {os.cpu_count()} cores)")
     print(f"{total_p} passed, {total_f} failed")
     return 1 if total_f else 0
 
