@@ -30,7 +30,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.node import system
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import settings
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights as weights_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import ports as ports_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolution as resolution_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import node_or_mirror
 
 
 WEIGHTS = "weights"
@@ -149,7 +149,7 @@ class Preflight(object):
                              "or fix the path" % (draft, err))
         self.node.update(arch=arch, draft_arch=draft_arch)
         env = dict((str(k), str(v)) for k, v in (p["env"] or {}).items())
-        resolved = resolution_mod.resolve_for_node(
+        resolved = node_or_mirror.resolve_for_node(
             args, version=p["version"], arch=p["arch"] or arch, policy=p["spec_policy"], draft_arch=draft_arch, env=env,
             gpu=gpu, source=p["resolution"], python=p["python"], timeout=p["resolution_timeout"])
         for error in resolved.get("errors") or []:

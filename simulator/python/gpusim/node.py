@@ -1,6 +1,6 @@
 """The simulated GPU node: state under ``$GPUSIM_ROOT`` and its rules.
 
-Contract: docs/design.md, section "Simulator state (GPUSIM_ROOT)".
+Contract: simulator/README.md, section "Node state (GPUSIM_ROOT)".
 Ground truth for behaviour: real captures (tests/captures/nvidia-smi/, named
 in its manifest.json) and docs/reference/nvidia-smi.md (cited as §N).
 

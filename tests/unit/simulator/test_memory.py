@@ -1,5 +1,5 @@
 """Memory arithmetic (§1.2, §3.1), out-of-memory, orphans and the Python API
-(docs/design.md "Simulator state")."""
+(simulator/README.md "Node state")."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""The preflight's resolution adapter (plugins/module_utils/sglang/resolution.py).
+"""The preflight's resolution adapter (plugins/module_utils/sglang/node_or_mirror.py).
 
 The node's SGLang is the simulator's fake (simulator/python/sglang, its own implementation of the
 resolution), reached the way the preflight reaches a real one: the server's interpreter (a bare name is
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolution
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import node_or_mirror as resolution
 
 REPO = pathlib.Path(__file__).resolve().parents[4]
 SIM_PY = REPO / "simulator" / "python"
