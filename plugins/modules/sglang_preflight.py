@@ -247,7 +247,8 @@ plan:
   description:
     - The plan. Also C(target_gpus), C(manager), C(url), C(argv) (masked), C(fingerprint), C(differences) (field by
       field), C(running), C(holders), C(teardown_pids), C(expected_pids), C(rollback_ready), C(known_good), C(weights),
-      C(journal) and C(private_args) (the names of the secret fields of the args that are passed on, values never).
+      C(journal), C(private_args) (the names of the secret fields of the args that are passed on, values never) and
+      C(private_env) (the names of the secret-named variables of the env, likewise).
   returned: always
   type: dict
   contains:

@@ -77,6 +77,12 @@ options:
         file, never onto a command line or into a record. The preflight names them (C(plan.private_args)).
     type: dict
     default: {}
+  secret_env:
+    description:
+      - Secret-named variables of the candidate's environment (C(HF_TOKEN), ...) with their values; they replace the
+        masked values of O(launch) C(env) (a plan shows secrets masked). The preflight names them (C(plan.private_env)).
+    type: dict
+    default: {}
   teardown:
     description:
       - The drain, by the keys of M(gpufleet.sglang.gpu_drain) (C(gpus), C(pids), C(match), C(exclude),
@@ -257,6 +263,7 @@ def main():
             launch=dict(type="dict", required=True),
             api_key=dict(type="str", no_log=True),
             secret_args=dict(type="dict", default={}, no_log=True),
+            secret_env=dict(type="dict", default={}, no_log=True),
             teardown=dict(type="dict", default={}),
             verify=dict(type="dict", default={}),
             directories=dict(type="dict", default={}),

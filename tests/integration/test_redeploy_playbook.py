@@ -493,11 +493,14 @@ def test_the_launch_is_the_one_the_preflight_planned(node, tmp_path):
     old = ensure_deployed(node)
     playbook = tmp_path / "drift.yml"
     playbook.write_text(DRIFT_PLAYBOOK)
-    refused = node.run(str(playbook), extravars={"sglang_server_force": True, "drift_api_key": "sk-drift-7f3a0c"})
+    # A secret env variable travels masked in the plan's spec and unmasked beside it (secret_env): the launch gets it.
+    secret_env = node.host_vars(server_env={"HF_TOKEN": "hf-drift-4b1e9d"})
+    refused = node.run(str(playbook), host_vars=secret_env,
+                       extravars={"sglang_server_force": True, "drift_api_key": "sk-drift-7f3a0c"})
     assert refused.rc != 0
     res = refused.task_result("Replace the server in one module run, candidate all")
     assert res["failed"] is True and res["reason"] == "spec_mismatch" and res["touched"] is False, res.get("msg")
-    assert "is not the one the preflight planned" in res["msg"] and "it differs in args.api_key" in res["msg"]
+    assert "is not the one the preflight planned" in res["msg"] and "it differs in a secret value" in res["msg"]
     assert res["signalled"] == []
     assert "sk-drift-7f3a0c" not in refused.everything()
     # Nothing was touched: the old server serves on, with its key.
@@ -505,11 +508,14 @@ def test_the_launch_is_the_one_the_preflight_planned(node, tmp_path):
     assert http_get(node.url + "/server_info", api_key=node.api_key)[0] == 200
 
     # The same change of sglang_server_env alone: the deploy launches the preflight's spec, not the changed variable.
-    launched = node.run(str(playbook), extravars={"sglang_server_force": True})
+    launched = node.run(str(playbook), host_vars=secret_env, extravars={"sglang_server_force": True})
     assert launched.rc == 0, launched.summary()
     pid = launched.task_result("Replace the server in one module run, candidate all")["launch"]["pid"]
     assert pid != old and alive(pid)
-    assert "NCCL_DEBUG=INFO" not in environ_of(pid).split("\0")
+    environ = environ_of(pid).split("\0")
+    assert "NCCL_DEBUG=INFO" not in environ
+    assert "HF_TOKEN=hf-drift-4b1e9d" in environ          # the real value, not the plan's mask
+    assert "hf-drift-4b1e9d" not in launched.everything()
     # Back to a promoted known-good server for the tests that follow (the role alone does not promote).
     again = node.run(extravars={"sglang_redeploy_force": True})
     assert again.rc == 0 and again.row()["status"] == "deployed", again.summary()

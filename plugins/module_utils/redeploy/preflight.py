@@ -543,6 +543,9 @@ class Preflight(object):
             # Secret fields of the args that are passed on (their values never leave the node's inventory: the
             # deploy hands them to sglang_replace as a no_log option).
             "private_args": list(getattr(self, "secret_arg_names", []) or []),
+            # Secret-named variables of the env (HF_TOKEN, ...): the spec shows them masked; the deploy hands their
+            # values to sglang_replace as the no_log option secret_env.
+            "private_env": sorted(str(k) for k in (p["env"] or {}) if secret_rules.is_secret_name(str(k))),
         }
         result = {
             "changed": bool(lease_info.get("acquired")) and decision["action"] != identity.NONE,

@@ -138,13 +138,15 @@ class Replace(object):
         planned = self.p.get("planned") or {}
         if self.p["target"] != "candidate" or not planned.get("fingerprint") or probe.fp == planned["fingerprint"]:
             return
-        fields = [d["field"] for d in identity.differences(planned.get("identity"), probe.identity)] \
+        # The planned identity came through the controller, its secret digests masked: compare it masked the same way,
+        # and say "a secret" where only a secret value differs.
+        fields = [d["field"] for d in identity.differences(planned.get("identity"), secret_rules.redact(probe.identity))] \
             if planned.get("identity") else []
         raise SpecMismatch("the launch handed to sglang_replace is not the one the preflight planned (fingerprint %s, "
-                           "planned %s%s): something changed between the two (a variable, an edited plan). Run the "
-                           "redeploy again, so that one preflight plans what is launched"
-                           % (probe.fp, planned["fingerprint"],
-                              "; it differs in %s" % ", ".join(fields) if fields else ""))
+                           "planned %s): it differs in %s. Something changed between the two (a variable, an edited plan); "
+                           "run the redeploy again, so that one preflight plans what is launched"
+                           % (probe.fp, planned["fingerprint"], ", ".join(fields) if fields
+                              else "a secret value (the API key, a secret env variable or a secret field of the args)"))
 
     def touch(self):
         """This run changed what runs on the node (a signal, a stopped unit, a started server)."""
@@ -165,6 +167,9 @@ class Replace(object):
                         values = dict((launch_mod.norm_key(k), v) for k, v in base[field].items())
                         values.update((k, v) for k, v in secret_args.items() if field == "args" or k in values)
                         base[field] = values
+            secret_env = dict((str(k), v) for k, v in (self.p.get("secret_env") or {}).items())
+            if secret_env and isinstance(base.get("env"), dict):
+                base["env"] = dict(base["env"], **secret_env)
             return base
         record, stored = launch_mod.load_record(launch_mod.known_good_dir(self.config_dir))
         if record is None:
