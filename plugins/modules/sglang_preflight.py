@@ -112,10 +112,14 @@ options:
     description: The server's API key (goes through a 0600 C(--config) file, never the command line).
     type: str
   gpus:
-    description: GPU indices (or UUIDs) the server uses on this node.
+    description:
+      - GPU indices (or UUIDs) the server uses on this node.
+      - Empty, the first GPUs of the node, as many as one node of the parallel layout uses (C(tp_size) x C(pp_size),
+        x C(dp_size) without attention DP, over O(nnodes)), once the args passed their checks. The plan returns them as
+        C(target_gpus).
     type: list
     elements: str
-    required: true
+    default: []
   explicit_gpus:
     description: Whether O(gpus) was given by the user (C(sglang_server_cuda_visible_devices)), for the messages.
     type: bool
@@ -371,7 +375,7 @@ def argument_spec():
         group=dict(type="str", default=""),
         environment_file=dict(type="str", default=""),
         api_key=dict(type="str", no_log=True),
-        gpus=dict(type="list", elements="str", required=True),
+        gpus=dict(type="list", elements="str", default=[]),
         explicit_gpus=dict(type="bool", default=False),
         nnodes=dict(type="int", default=1),
         config_dir=dict(type="path", required=True),

@@ -299,6 +299,11 @@ BAD_CONFIGS = {
     "bad-trtllm": {"vars": {}, "args": {"attention_backend": "trtllm_mha", "speculative_eagle_topk": 4, "speculative_num_steps": 3,
                                         "speculative_num_draft_tokens": 8},
                    "expect": "trtllm_mha backend only supports topk = 1"},
+    # Values SGLang's resolution accepts and the server cannot serve (issue 25): refused with the field, not deployed.
+    "tp-negative": {"vars": {"sglang_server_host_args": {"tp_size": -1}}, "args": {},
+                    "expect": "sglang_server_args.tp_size: must be an integer >= 1, got -1"},
+    "mem-fraction": {"vars": {}, "args": {"mem_fraction_static": 1.5},
+                     "expect": "sglang_server_args.mem_fraction_static: must be a fraction between 0 and 1 (exclusive), got 1.5"},
     # The model is not on the node.
     "bad-model": {"vars": {}, "args": {"model_path": "/nonexistent/kimi-k2.5"},
                   "expect": "sglang_server_args.model_path: /nonexistent/kimi-k2.5 does not exist"},
@@ -306,7 +311,7 @@ BAD_CONFIGS = {
 
 
 def test_bad_configs_fail_at_preflight_and_the_server_keeps_serving(node):
-    """Three bad configs, as three inventory hosts on the same node in one run (one batch)."""
+    """The bad configs, as inventory hosts on the same node in one run (one batch)."""
     pid = ensure_deployed(node)
     tree = node.server_tree(pid)
     holds = holds_by_pid(node)

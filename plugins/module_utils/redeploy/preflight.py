@@ -31,6 +31,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import se
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights as weights_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import ports as ports_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import node_or_mirror
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import serving
 
 
 WEIGHTS = "weights"
@@ -78,6 +79,7 @@ class Preflight(object):
         self.run_id = str(lease.get("run_id") or "")
         self.lease_opts = lease
         self.node = {}
+        self.short_of_gpus = None
         self.began = time.monotonic()
 
     def problem(self, text):
@@ -105,7 +107,10 @@ class Preflight(object):
             return snap, []
         selected, errors = gpu_query.select_gpus(snap, p["gpus"])
         answering = [g for g in snap.get("gpus", []) if not g.get("lost")]
-        if errors:
+        if errors and not p["explicit_gpus"] and len(p["gpus"]) > len(snap.get("gpus", [])):
+            # GPUs worked out from the layout that the node does not have: serving.check_layout says so with the layout.
+            self.short_of_gpus = len(snap.get("gpus", []))
+        elif errors:
             self.problem("sglang_server_cuda_visible_devices / tp_size: %s; the node has %d GPU(s)" % ("; ".join(errors), len(answering)))
         for gpu in selected:
             if gpu.get("lost"):
@@ -450,6 +455,14 @@ class Preflight(object):
             mode = -1
         if not 0 <= mode <= 0o7777:
             self.problem("directory_mode must be an octal string such as '0750', got %r" % p["directory_mode"])
+        # The args as given: types and ranges SGLang's own resolution lets through (tp_size -1, mem_fraction_static 1.5).
+        value_problems = serving.check_values(p["args"])
+        for text in value_problems:
+            self.problem(text)
+        if not p["gpus"]:
+            # No sglang_server_cuda_visible_devices: the first GPUs of the node, as many as one node of the layout uses.
+            per_node = serving.gpus_per_node(p["args"], p["nnodes"] if (p["nnodes"] or 0) >= 1 else None)[1]
+            p["gpus"] = [str(i) for i in range(max(1, per_node) if not value_problems else 1)]
         manager = p["manager"]
         is_systemd = systemd.running()
         if manager == "auto":
@@ -468,6 +481,13 @@ class Preflight(object):
         layout = settings.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"])
         if layout:
             self.problem(layout)
+        if not value_problems and not resolved.get("errors"):
+            # The resolved layout against this node: the GPUs it has, divisibility, the draft model.
+            # A list that does not fit the layout is said above; the node's GPU count only when it is the reason.
+            for text in serving.check_layout(args, [] if layout else p["gpus"], node_gpu_count=self.short_of_gpus,
+                                             nnodes=p["nnodes"], gpu_memory_mib=(gpu or {}).get("memory_mib"),
+                                             arch_known=bool(p["arch"] or self.node.get("arch"))):
+                self.problem(text)
         if args.get("delete_ckpt_after_loading") and p["rollback"]:
             self.problem("sglang_server_args.delete_ckpt_after_loading: SGLang deletes the checkpoint under %s after warmup, so "
                          "a later rollback could not load the known-good config from it; drop delete_ckpt_after_loading, or set "

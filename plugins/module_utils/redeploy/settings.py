@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import serving
+
 # variable -> (kind, minimum, minimum is exclusive, what it means / the fix)
 RULES = {
     "sglang_server_health_timeout": ("number", 0, True, "seconds a new server may take to answer its health check (default 1800)"),
@@ -101,16 +103,7 @@ def check_settings(settings):
 
 def gpus_needed(args, nnodes=1):
     """How many GPUs one node of this server uses: tp_size * pp_size (* dp_size without attention DP) / nnodes."""
-    def _int(key, default=1):
-        try:
-            return int((args or {}).get(key) or default)
-        except (TypeError, ValueError):
-            return default
-    tp, pp, dp = _int("tp_size"), _int("pp_size"), _int("dp_size")
-    attn_dp = bool((args or {}).get("enable_dp_attention")) or _int("attn_dp_size") > 1
-    total = tp * pp * (1 if attn_dp else dp)
-    nodes = max(1, int(nnodes or 1))
-    return max(1, total // nodes)
+    return max(1, serving.gpus_per_node(args, max(1, int(nnodes or 1)))[1])
 
 
 def check_gpu_layout(args, target_gpus, nnodes=1, explicit=False):

@@ -671,3 +671,25 @@ def test_bug_the_teardown_root_of_a_foreign_server_stays_inside_its_session(node
     assert holder["pid"] == other["pid"] and holder["class"] == "foreign"
     assert holder["root"] == other["pid"], "root %s is outside the server's session %s" % (holder["root"], holder["session"])
     assert res["plan"]["teardown_pids"] == [other["pid"]]
+
+
+def test_layout_worked_out_from_the_args(node, run):
+    # No GPUs given: the preflight takes the first tp_size x pp_size (x dp_size) GPUs of the node.
+    res = run(gpus=[], args={"model_path": node.model, "port": node.port, "tp_size": 2}, check=True)
+    assert res["problems"] == [] and res["plan"]["target_gpus"] == ["0", "1"]
+    res = run(gpus=[], args={"model_path": node.model, "port": node.port, "tp_size": 1, "dp_size": 2}, check=True)
+    assert res["problems"] == [] and res["plan"]["target_gpus"] == ["0", "1"]
+    # More than the node has: one message with the layout and the node's GPU count.
+    res = run(gpus=[], args={"model_path": node.model, "port": node.port, "tp_size": 4}, check=True)
+    assert len(res["problems"]) == 1
+    assert res["problems"][0].startswith("sglang_server_args.tp_size: the layout needs 4 GPU(s) per node (tp_size 4 x "
+                                         "pp_size 1), but this node has 2 GPU(s)")
+
+
+@pytest.mark.parametrize("field,value", [("tp_size", -1), ("tp_size", 0), ("nnodes", 0), ("mem_fraction_static", 1.5),
+                                         ("speculative_num_steps", 0)])
+def test_values_sglang_accepts_but_cannot_serve_are_refused(node, run, field, value):
+    res = run(gpus=[], args={"model_path": node.model, "port": node.port, field: value}, check=True)
+    assert len(res["problems"]) == 1, res["problems"]
+    assert res["problems"][0].startswith("sglang_server_args.%s: must be " % field)
+    assert res["lease"]["acquired"] is False
