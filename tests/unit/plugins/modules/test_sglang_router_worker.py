@@ -1347,6 +1347,10 @@ def test_real_smg1_pd_mode_sends_the_callers_key_not_the_workers(real):
     # So the module refuses to register a keyed PD server behind this keyless router, naming the fix.
     r.request("DELETE", router + "/workers/" + [w["id"] for w in _get(router + "/workers")[1]["workers"]
                                                 if w["url"] == d1][0], timeout=10)
+    # smg answers the DELETE at once and removes the worker in a job: wait until it is gone (under load the module
+    # could otherwise still find d1 registered, with nothing to register; seen once in a CI run).
+    _wait(lambda: d1 not in [w.get("url") for w in (_get(router + "/workers")[1] or {}).get("workers", [])], 60,
+          "the decode worker removed")
     base = {"router_url": router, "poll_interval": 0.1, "request_timeout": 5, "timeout": 30}
     res = run(dict(base, url=d1, worker_api_key=key, worker_config={"worker_type": "decode"}), expect_fail=True)
     assert "In PD mode smg 1.x sends the caller's Authorization header" in res["msg"], res["msg"]
