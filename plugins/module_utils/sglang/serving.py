@@ -187,7 +187,7 @@ def check_layout(args, target_gpus, node_gpu_count=None, nnodes=None, gpu_memory
     if dense is not None and as_int(dense)[0] not in (1, tp):
         problems.append("%s: must be 1 or tp_size (%d), got %r; SGLang supports only those" % (
             _field("moe_dense_tp_size"), tp, dense))
-    total, per_node = gpus_per_node(args, nodes)
+    per_node = gpus_per_node(args, nodes)[1]
     gpus = list(target_gpus or [])
     if node_gpu_count is not None and per_node > node_gpu_count:
         memory = (", %d MiB each" % gpu_memory_mib) if gpu_memory_mib else ""
