@@ -95,22 +95,17 @@ def check_values(args):
     """Types and ranges of the args as given, one message per bad field (SGLang would accept them)."""
     args = args or {}
     problems = []
-    for name in POSITIVE_INTS:
+    minimums = [(name, 1) for name in POSITIVE_INTS] + [(name, 0) for name in NON_NEGATIVE_INTS]
+    for name, minimum in minimums:
         value = args.get(name)
         if value is None:
             continue
         number, ok = as_int(value)
-        if not ok or number < 1:
-            problems.append("%s: must be an integer >= 1, got %r; it is %s. SGLang's own argument check accepts it and "
-                            "the server fails or runs on another layout only at launch, after the old server is gone; "
-                            "set a positive integer (or drop the field for SGLang's default 1)" % (_field(name), value, WHAT[name]))
-    for name in NON_NEGATIVE_INTS:
-        value = args.get(name)
-        if value is None:
-            continue
-        number, ok = as_int(value)
-        if not ok or number < 0:
-            problems.append("%s: must be an integer >= 0, got %r; it is %s; set 0 or more" % (_field(name), value, WHAT[name]))
+        if not ok or number < minimum:
+            fix = ("SGLang's own argument check accepts it and the server fails or runs on another layout only at launch, "
+                   "after the old server is gone; set a positive integer (or drop the field for SGLang's default 1)"
+                   if minimum else "set 0 or more")
+            problems.append("%s: must be an integer >= %d, got %r; it is %s. %s" % (_field(name), minimum, value, WHAT[name], fix))
     value = args.get("mem_fraction_static")
     if value is not None:
         number, ok = as_number(value)
