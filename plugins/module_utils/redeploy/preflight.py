@@ -671,6 +671,11 @@ def plan_lines(host, plan, resolved, lease_info):
             lease_info["took_over"].get("owner"), lease_info.get("took_over_reason")))
     if plan.get("interrupted"):
         lines.append("journal: %s" % plan["journal"]["summary"])
+    wplan = plan.get("weights") or {}
+    if wplan.get("mode") == "restart" and plan["action"] == "restart" and any(
+            d.get("field") == "args.model_path" for d in wplan.get("differences") or []):
+        # The checkpoint changes, but not in place (sglang_redeploy_mode auto): say why.
+        lines.append("no in-place weight update: %s" % ("; ".join(wplan.get("reasons") or []) or wplan.get("why")))
     for adj in resolved.get("adjustments") or []:
         line = "%s: %s -> %s [%s; %s]" % (
             adj.get("arg"), _fmt(adj.get("from")), _fmt(adj.get("to")), adj.get("rule"), adj.get("doc"))
