@@ -261,6 +261,30 @@ def test_the_planned_check_spares_the_rollback(node, monkeypatch):
     assert res["failed"] is False, res.get("msg")
 
 
+def test_with_diff_the_candidate_run_returns_the_running_launch_against_it_never_a_secret(node, monkeypatch):
+    pid = deployed(node, monkeypatch)
+    launch = node.launch(args={"mem_fraction_static": 0.7}, env=node.server_env(HF_TOKEN=HF_TOKEN))
+    res = replace(node, monkeypatch, run_id="R2", pids=[pid], api_key=OTHER_KEY, launch=launch, _ansible_diff=True)
+    assert res["failed"] is False and res["changed"] is True, res.get("msg")
+    config_path = str(node.config_dir / "candidate" / "config.yaml")
+    assert [d["after_header"].split(" (")[0] for d in res["diff"]] == [
+        "SGLang server %s: command line" % node.name, config_path, "SGLang server %s: environment" % node.name]
+    argv, config, env = res["diff"]
+    # Taken before the teardown: "before" is the server that ran (its record), "after" the candidate.
+    assert argv["before_header"].startswith("SGLang server %s: command line (running PID %d, identity " % (node.name, pid))
+    assert argv["after_header"].startswith("SGLang server %s: command line (planned, identity %s" % (
+        node.name, node.state()["fingerprint"].split(":")[1][:12]))
+    assert "    --mem-fraction-static 0.7" in argv["after"].splitlines() and "--mem-fraction-static" not in argv["before"]
+    # The key was rotated: marked, never shown.
+    assert config["before"] == 'api-key: "********"\n' and config["after"] == 'api-key: "********" (changed)\n'
+    assert "HF_TOKEN=********" in env["after"].splitlines() and "HF_TOKEN" not in env["before"]
+    dumped = json.dumps(res)
+    assert API_KEY not in dumped and OTHER_KEY not in dumped and HF_TOKEN not in dumped
+    # A rollback (the known-good relaunch) returns no diff: one diff per run, on the candidate's task.
+    back = replace(node, monkeypatch, run_id="R2", pids=[res["launch"]["pid"]], target="known_good", _ansible_diff=True)
+    assert back["failed"] is False and "diff" not in back, back.get("msg")
+
+
 def test_teardown_failure_is_not_a_rollback_and_says_so(node, monkeypatch):
     # A holder whose GPU memory stays after it exited (a driver that does not free it): the GPUs never get free.
     old = node.hold([0], 4000, "--name", "old-server", "--stuck")
