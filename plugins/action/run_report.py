@@ -43,6 +43,20 @@ def _gpus(readings):
     return ", ".join("%s=%s MiB" % (_text(g.get("index")), _text(g.get("used_mib"))) for g in readings) or "-"
 
 
+def _would_signal(row):
+    """A check-mode row's teardown: the PIDs a real run would signal, with what the preflight found them to be."""
+    holders = dict((h.get("pid"), h) for h in row.get("holders") or [] if isinstance(h, dict))
+    pids = row.get("planned_teardown") or []
+    if not pids:
+        return ["- Signalled: none (check mode; a real run would signal nothing)"]
+    out = ["- Signalled: none (check mode); a real run would signal:"]
+    for pid in pids:
+        holder = holders.get(pid) or {}
+        what = ", ".join(_text(x) for x in (holder.get("class"), holder.get("cmdline")) if x)
+        out.append("  - would signal PID %s%s" % (_text(pid), (" (%s)" % what[:200]) if what else ""))
+    return out
+
+
 def render_markdown(title, rows):
     """The Markdown report of ``rows`` (the format of docs/report.md)."""
     out = ["# SGLang redeploy report %s" % _text(title), "", TABLE_HEAD, TABLE_RULE]
@@ -69,11 +83,15 @@ def render_markdown(title, rows):
                 for a in r.get("adjustments") or []] or ["  - none"]
         out.append("- GPUs before: %s" % _gpus(r.get("gpus_before") or []))
         out.append("- GPUs after: %s" % _gpus(r.get("gpus_after") or []))
-        out.append("- Signalled:")
-        out += ["  - PID %s (%s): %s" % (_text(p.get("pid")), _text(p.get("name", "?")),
-                                         ", ".join(_text(s) for s in p.get("signals") or [])
-                                         or "exited with its server, not signalled directly")
-                for p in r.get("signalled") or []] or ["  - none"]
+        if r.get("status") == "planned":
+            # Check mode: nothing was signalled; say what a real run's teardown would signal.
+            out += _would_signal(r)
+        else:
+            out.append("- Signalled:")
+            out += ["  - PID %s (%s): %s" % (_text(p.get("pid")), _text(p.get("name", "?")),
+                                             ", ".join(_text(s) for s in p.get("signals") or [])
+                                             or "exited with its server, not signalled directly")
+                    for p in r.get("signalled") or []] or ["  - none"]
         out.append("")
     return "\n".join(out) + "\n"
 

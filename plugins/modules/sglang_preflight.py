@@ -32,6 +32,12 @@ description:
     room (a small probe file, removed at once).
   - Resolves the server args as the node's SGLang will (O(resolution)), then decides the plan's action
     from what runs now, the known-good record and the node journal (RV(plan.action)).
+  - With C(--check --diff), returns Ansible's standard RV(diff) (as M(ansible.builtin.template) does) between the launch the
+    running server was started with (its record under O(config_dir), rendered again; its command line only for a
+    server this collection did not start; empty on a first deploy) and the planned launch, for the server's command line
+    (one argument per line), its C(--config) file, its environment and its systemd unit. Secret values (the API key,
+    secret fields of the args, secret-named environment variables such as C(HF_TOKEN)) show as C(********),
+    followed by "(changed)" where the planned value differs from the running one.
   - Takes the node lease (O(lease)) when the action is not V(none), waits for a live holder, takes over
     an expired lease or one whose controller is provably dead (reported in RV(lease.took_over)), and
     inspects the node again under the lease.
@@ -220,9 +226,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: In check mode the module inspects and plans, and takes no lease.
+    details:
+      - In check mode the module inspects and plans, and takes no lease; RV(changed) says whether a real run would
+        change the node (the plan's action is not V(none)).
   diff_mode:
-    support: none
+    support: partial
+    details:
+      - In check mode with C(--diff) it returns RV(diff), the running server's recorded launch against the planned one.
+        In a real run the diff is returned by M(gpufleet.sglang.sglang_replace), the task that changes the node, so a
+        run shows it once.
   platform:
     platforms: posix
 seealso:
@@ -339,6 +351,43 @@ lease:
       description: The previous holder when this run took over an expired lease or one whose controller is dead, else null.
       returned: always
       type: dict
+changed:
+  description:
+    - In a real run, whether the lease was taken for an action; in check mode, whether a real run would change the
+      node (the action is not V(none)).
+  returned: always
+  type: bool
+diff:
+  description:
+    - Ansible's standard diff, one item per part of the launch that differs, in the order command line, C(--config)
+      file, environment, systemd unit; empty when nothing differs. The C(--diff) option of C(ansible-playbook) shows
+      it as a unified diff.
+    - Secret values show as C(********) (followed by "(changed)" where the planned value differs from the running one).
+  returned: in check mode with C(--diff)
+  type: list
+  elements: dict
+  contains:
+    before:
+      description: The running server's text (one argument per line for the command line, C(NAME=value) lines for the environment); empty when nothing runs.
+      type: str
+      returned: always
+    after:
+      description: The planned text.
+      type: str
+      returned: always
+    before_header:
+      description: "What the before text is, for example C(SGLang server main: command line (running PID 4218, identity 0123456789ab))."
+      type: str
+      returned: always
+    after_header:
+      description: "What the after text is, for example C(SGLang server main: command line (planned, identity ba9876543210))."
+      type: str
+      returned: always
+  sample:
+    - before: "/usr/bin/python3 -m sglang.launch_server\n    --model-path /models/llama\n    --mem-fraction-static 0.85\n"
+      after: "/usr/bin/python3 -m sglang.launch_server\n    --model-path /models/llama\n    --mem-fraction-static 0.8\n"
+      before_header: "SGLang server main: command line (running PID 4218, identity 0123456789ab)"
+      after_header: "SGLang server main: command line (planned, identity ba9876543210)"
 lines:
   description: The plan in readable lines (action and why, the lease, the journal, every adjustment, every GPU holder, every changed field).
   returned: always

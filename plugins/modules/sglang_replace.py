@@ -32,6 +32,9 @@ description:
     says so (RV(touched) false, RV(reason) V(nothing_touched)).
   - After a failure, RV(node_state) and RV(node) say what the node shows (who listens on the server's port and answers
     C(/health), which processes hold the target GPUs' device files), never what the run meant to leave.
+  - With C(--diff), returns Ansible's standard RV(diff) between the running server's recorded launch and the candidate
+    (the same as M(gpufleet.sglang.sglang_preflight) returns in check mode) for the command line, the C(--config) file, the
+    environment and the systemd unit, secret values masked.
   - O(target=known_good) relaunches the known-good record (the rollback after a failed smoke gate).
   - O(phase) splits the run for a multi-node server, whose ranks must all be torn down before any starts.
 options:
@@ -141,7 +144,10 @@ attributes:
   check_mode:
     support: none
   diff_mode:
-    support: none
+    support: full
+    details:
+      - With C(--diff), a candidate's run (O(target=candidate), O(phase) V(all), V(teardown) or V(weights)) returns
+        RV(diff), taken before anything is touched. A rollback (O(target=known_good)) returns none.
   platform:
     platforms: posix
 seealso:
@@ -245,6 +251,16 @@ lines:
   returned: always
   type: list
   elements: str
+diff:
+  description:
+    - Ansible's standard diff between the running server's recorded launch (its record, rendered again; empty when
+      nothing ran) and the candidate, one item (C(before), C(after), C(before_header), C(after_header)) per part that
+      differs, in the order command line (one argument per line), C(--config) file, environment, systemd unit, as
+      RV(gpufleet.sglang.sglang_preflight#module:diff) describes it.
+    - Secret values show as C(********) (followed by "(changed)" where the candidate's value differs from the running one).
+  returned: with C(--diff), for O(target=candidate) and O(phase) V(all), V(teardown) or V(weights)
+  type: list
+  elements: dict
 timings:
   description: Seconds per part (teardown_s, verify_free_s, candidate_healthy_s, verify_allocated_s).
   returned: always

@@ -359,6 +359,10 @@ class PlaybookRun(object):
                 parts.append(path.read_text(errors="replace"))
         return "\n".join(parts)
 
+    def stdout(self):
+        """What ansible-playbook printed (the default callback's output, the runner's stdout artifact)."""
+        return (self.artifacts / "run" / "stdout").read_text(errors="replace")
+
     def stdout_tail(self, chars=3000):
         try:
             return (self.artifacts / "run" / "stdout").read_text(errors="replace")[-chars:]
@@ -649,7 +653,7 @@ class SimNode(object):
         return path
 
     # -- running playbooks ---------------------------------------------------
-    def _prepare(self, playbook, host_vars, extravars, check, hosts=None, verbosity=None):
+    def _prepare(self, playbook, host_vars, extravars, check, hosts=None, verbosity=None, diff=False):
         self._run_count += 1
         ident = "%02d-%s%s" % (self._run_count, pathlib.Path(playbook).stem, "-check" if check else "")
         pdd = self.runs / ident
@@ -671,7 +675,7 @@ class SimNode(object):
         }
         kwargs = dict(private_data_dir=str(pdd), ident="run", playbook=str(PLAYBOOKS / playbook),
                       inventory=str(inventory), extravars=extravars or {}, envvars=envvars, quiet=True,
-                      cmdline="--check --diff" if check else None, timeout=540)
+                      cmdline="--check --diff" if check else ("--diff" if diff else None), timeout=540)
         if verbosity:
             kwargs["verbosity"] = int(verbosity)
         return kwargs
@@ -691,14 +695,16 @@ class SimNode(object):
         self.runs_done.append(run)
         return run
 
-    def run(self, playbook="redeploy.yml", host_vars=None, extravars=None, check=False, hosts=None, verbosity=None):
+    def run(self, playbook="redeploy.yml", host_vars=None, extravars=None, check=False, hosts=None, verbosity=None,
+            diff=False):
         """Run ``playbooks/<playbook>`` to the end; returns a :class:`PlaybookRun`.
 
         ``host_vars``: the variables of the one host ``node1`` (default ``self.host_vars()``);
         ``hosts``: ``{name: host vars}`` for several inventory hosts on this node instead;
-        ``verbosity``: 3 runs it as ``-vvv`` (the runner's stdout artifact then holds what an operator's job log shows).
+        ``verbosity``: 3 runs it as ``-vvv`` (the runner's stdout artifact then holds what an operator's job log shows);
+        ``diff``: a real run with ``--diff`` (a check run always has it).
         """
-        kwargs = self._prepare(playbook, host_vars, extravars, check, hosts, verbosity)
+        kwargs = self._prepare(playbook, host_vars, extravars, check, hosts, verbosity, diff)
         return self._execute(playbook, kwargs)
 
     def start(self, playbook="redeploy.yml", host_vars=None, extravars=None, check=False, hosts=None):

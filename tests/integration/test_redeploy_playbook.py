@@ -657,6 +657,58 @@ def test_crash_on_a_never_deployed_node_has_no_rollback(tmp_path, procs):
     assert fresh.leaks() == []
 
 
+def changed_lines(text):
+    """The ``-``/``+`` lines of the unified diffs the default callback printed (``---``/``+++`` headers left out)."""
+    return [line for line in text.splitlines() if line.startswith(("-", "+")) and not line.startswith(("---", "+++"))]
+
+
+def test_check_diff_shows_the_changed_args_and_a_real_diff_run_shows_them_once(node):
+    """``--check --diff`` after a deploy, with a changed arg and a secret env variable: the default callback prints the
+    unified diff of the running server's recorded launch against the plan, the recap says changed=1, nothing is touched.
+    Then a real run with ``--diff`` prints its diff once (on the replace task). This test reads the printed output:
+    how the callback renders the diff is what it checks."""
+    pid = ensure_deployed(node)
+    holds = holds_by_pid(node)
+    hf_token = "hf-diff-e7a20c55"
+    hv = node.host_vars(server_env={"HF_TOKEN": hf_token},
+                        sglang_server_args=node.server_args(speculative_num_draft_tokens=8))
+    check = node.run(host_vars=hv, check=True)
+    assert check.rc == 0, check.summary()
+    assert check.host_stats()["changed"] == 1, [e["event_data"]["task"] for e in check.results(("runner_on_ok",))
+                                                if e["event_data"]["res"].get("changed")]
+    pre = check.task_result(PREFLIGHT)
+    assert pre["changed"] is True and pre["plan"]["action"] == "restart" and not check.ran(REPLACE)
+    assert [d["after_header"].split(" (")[0] for d in pre["diff"]] == [
+        "SGLang server %s: command line" % node.name, "SGLang server %s: environment" % node.name]
+    out = check.stdout()
+    assert "--- before: SGLang server %s: command line (running PID %d, identity " % (node.name, pid) in out
+    assert "+++ after: SGLang server %s: command line (planned, identity " % node.name in out
+    # 16 draft tokens -> 8, which honor_draft_tokens runs with 7 steps (15 before); HF_TOKEN is new, and masked.
+    assert sorted(changed_lines(out)) == sorted([
+        "-    --speculative-num-steps 15", "+    --speculative-num-steps 7",
+        "-    --speculative-num-draft-tokens 16", "+    --speculative-num-draft-tokens 8",
+        "+HF_TOKEN=********"]), out
+    assert node.api_key not in check.everything() and hf_token not in check.everything()
+    # Nothing was touched.
+    assert node.server_pid() == pid and alive(pid) and node.health() == 200 and holds_by_pid(node) == holds
+    assert node.server_info()["speculative_num_draft_tokens"] == 16
+    # The report says what a real run would signal.
+    assert "would signal PID %d" % pid in check.report_md, check.report_md
+
+    # A real run with --diff: the diff once, on the task that changes the node (not on the preflight).
+    hv = node.host_vars(sglang_server_args=node.server_args(mem_fraction_static=0.7))
+    real = node.run(host_vars=hv, diff=True)
+    assert real.rc == 0 and real.row()["status"] == "deployed", real.summary()
+    assert "diff" not in real.task_result(PREFLIGHT)
+    assert [d["before_header"].split(" (")[0] for d in real.task_result(REPLACE)["diff"]] == [
+        "SGLang server %s: command line" % node.name]
+    out = real.stdout()
+    assert changed_lines(out) == ["+    --mem-fraction-static 0.7"], out
+    assert out.count("--- before: SGLang server %s: command line (running PID %d, identity " % (node.name, pid)) == 1
+    assert node.api_key not in real.everything()
+    assert node.server_pid() != pid and node.server_info()["mem_fraction_static"] == 0.7
+
+
 def test_api_key_appears_in_no_event_report_or_command_line(node):
     """Every run of this module (all scenarios above), every report file, and the server's command lines."""
     if not node.runs_done:

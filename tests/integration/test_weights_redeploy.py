@@ -9,11 +9,11 @@ changes nothing; a smoke failure after the update rolls the weights back in plac
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 import playbook_helpers
+from checkpoint_files import SMALL_LAYOUT, write_weights
 from playbook_helpers import FAST_SERVER_ENV, SimNode, alive, http_get
 
 pytestmark = pytest.mark.slow
@@ -22,15 +22,16 @@ pytestmark = pytest.mark.slow
 procs = playbook_helpers.procs  # the shared fixture: what a test started is killed by PID at its end
 
 
-def checkpoint(node, name, arch="DeepseekV3ForCausalLM", **config):
-    """A checkpoint directory: config.json as the node's model, plus a weight file with its own content."""
+def checkpoint(node, name, arch="DeepseekV3ForCausalLM", layout=None, **config):
+    """A checkpoint directory: config.json as the node's model, plus valid safetensors weights (``layout``,
+    default the node's) whose bytes are its own (derived from ``name``)."""
     path = node.models / name
     path.mkdir(parents=True, exist_ok=True)
     base = json.loads((node.target / "config.json").read_text())
     base.update(config)
     base["architectures"] = [arch]
     (path / "config.json").write_text(json.dumps(base))
-    (path / "model.safetensors").write_bytes(os.urandom(4096))
+    write_weights(path, layout, seed=name)
     return path
 
 
@@ -52,7 +53,7 @@ class PlainNode(SimNode):
 @pytest.fixture
 def node(tmp_path, procs):
     n = PlainNode(tmp_path / "node", procs)
-    (n.target / "model.safetensors").write_bytes(os.urandom(4096))
+    write_weights(n.target, seed="launch")
     run = n.run()
     assert run.rc == 0 and run.row()["status"] == "deployed", run.summary()
     n.good_pid = n.server_pid()
@@ -96,7 +97,7 @@ def test_a_new_checkpoint_is_swapped_in_place_without_a_teardown(node):
 
 def test_a_server_with_a_separate_draft_model_restarts_and_says_why(tmp_path, procs):
     eagle = SimNode(tmp_path / "eagle", procs)                  # the incident's EAGLE-3 config
-    (eagle.target / "model.safetensors").write_bytes(os.urandom(4096))
+    write_weights(eagle.target, seed="launch")
     assert eagle.run().row()["status"] == "deployed"
     new = checkpoint(eagle, "kimi-k2.5-step2")
     check = eagle.run(host_vars=with_model(eagle, new), check=True)
@@ -116,6 +117,32 @@ def test_another_architecture_restarts_and_says_why(node):
     forced = node.run(host_vars=with_model(node, other, sglang_redeploy_mode="weights"))
     assert forced.rc != 0 and forced.row()["step"] == "preflight" and "sglang_redeploy_mode" in forced.row()["error"]
     assert node.server_pid() == node.good_pid
+
+
+def test_a_checkpoint_with_other_tensor_shapes_is_not_updated_in_place(node):
+    # The same config.json, but lm_head of another shape (the fake, like SGLang 0.5.23, dies on such an update).
+    wide = checkpoint(node, "kimi-k2.5-wide", layout=dict(SMALL_LAYOUT, **{"lm_head.weight": ("BF16", (64, 8))}))
+    mismatch = "lm_head.weight: BF16 [32, 8] running, BF16 [64, 8] in the new checkpoint"
+    # Asked to update in place: the preflight refuses, naming the tensor, before anything is touched.
+    forced = node.run(host_vars=with_model(node, wide, sglang_redeploy_mode="weights"))
+    row = forced.row()
+    assert forced.rc != 0 and row["step"] == "preflight" and "sglang_redeploy_mode" in row["error"], row
+    assert mismatch in row["error"], row["error"]
+    assert node.server_pid() == node.good_pid and alive(node.good_pid)
+    assert model_info(node)["model_path"] == str(node.target)
+    # auto: the plan restarts instead, and says why (the report row and the plan's lines).
+    run = node.run(host_vars=with_model(node, wide))
+    row = run.row()
+    assert run.rc == 0 and row["status"] == "deployed" and row["plan"] == "restart" and row["mode"] == "restart", row
+    assert mismatch in row["weights"]["why"], row["weights"]
+    plan = run.task_result("Plan the redeploy (inspect the node, resolve the args as its SGLang will, take the lease)")
+    assert [line for line in plan["lines"] if line.startswith("no in-place weight update: ") and mismatch in line], \
+        plan["lines"]
+    # A new server process serves the new checkpoint; the old one was stopped (not crashed by an update).
+    assert node.server_pid() != node.good_pid and not alive(node.good_pid)
+    assert node.good_pid in [s["pid"] for s in row["signalled"]], row["signalled"]
+    assert model_info(node)["model_path"] == str(wide)
+    assert json.loads((node.etc / "known-good" / "server.json").read_text())["args"]["model_path"] == str(wide)
 
 
 def test_an_update_that_runs_out_of_memory_keeps_the_old_weights_serving(node, tmp_path):

@@ -18,6 +18,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query a
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import metrics as metrics_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import diff as diff_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
@@ -567,17 +568,34 @@ class Preflight(object):
             # values to sglang_replace as the no_log option secret_env.
             "private_env": sorted(str(k) for k in (p["env"] or {}) if secret_rules.is_secret_name(str(k))),
         }
+        # A real run changes the node when it takes the lease for an action; check mode says whether one would.
+        changes = decision["action"] != identity.NONE and not self.problems
         result = {
-            "changed": bool(lease_info.get("acquired")) and decision["action"] != identity.NONE,
+            "changed": changes and (self.check_mode or bool(lease_info.get("acquired"))),
             "plan": plan, "resolved": resolved, "node": self.node, "lease": lease_info, "problems": self.problems,
             "notes": self.notes, "elapsed": round(time.monotonic() - self.began, 3),
         }
         result["lines"] = plan_lines(p["label"] or p["name"], plan, resolved, lease_info)
+        if self.check_mode and getattr(self.module, "_diff", False):
+            # --check --diff: what a real run would change. A real run shows it once, on sglang_replace (the task
+            # that changes the node), so the preflight returns it in check mode only.
+            result["diff"] = self.launch_diff(launcher, found, manager) if changes else []
         result = secret_rules.redact(result, self.secrets)
         if self.problems:
             result["msg"] = "Preflight failed on %s; the running server was not touched. %s" % (
                 p["label"] or p["name"], " | ".join(self.problems))
         return result
+
+    def launch_diff(self, launcher, found, manager):
+        """Ansible's diff of the running server's recorded launch against the planned one (redeploy/diff.py)."""
+        running = found.get("running") or {}
+        try:
+            before = launch_mod.running_diff_source(self.module, found.get("current"), self.launch_params({}, manager),
+                                                    port_owner=running.get("pid"))
+        except launch_mod.LaunchError as exc:
+            self.notes.append("the running server's launch could not be shown in the diff: %s" % exc.msg)
+            before = {"label": "running PID %s, its launch unknown" % running.get("pid")}
+        return diff_mod.launch_diff(before, launcher.diff_source("planned"))
 
     def under_lease(self, lease_info, launcher, manager, found, entry, kg, decision):
         p = self.p
@@ -671,6 +689,11 @@ def plan_lines(host, plan, resolved, lease_info):
             lease_info["took_over"].get("owner"), lease_info.get("took_over_reason")))
     if plan.get("interrupted"):
         lines.append("journal: %s" % plan["journal"]["summary"])
+    wplan = plan.get("weights") or {}
+    if wplan.get("mode") == "restart" and plan["action"] == "restart" and any(
+            d.get("field") == "args.model_path" for d in wplan.get("differences") or []):
+        # The checkpoint changes, but not in place (sglang_redeploy_mode auto): say why.
+        lines.append("no in-place weight update: %s" % ("; ".join(wplan.get("reasons") or []) or wplan.get("why")))
     for adj in resolved.get("adjustments") or []:
         line = "%s: %s -> %s [%s; %s]" % (
             adj.get("arg"), _fmt(adj.get("from")), _fmt(adj.get("to")), adj.get("rule"), adj.get("doc"))

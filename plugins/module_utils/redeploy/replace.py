@@ -22,6 +22,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import diff as diff_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
@@ -147,6 +148,24 @@ class Replace(object):
                            "run the redeploy again, so that one preflight plans what is launched"
                            % (probe.fp, planned["fingerprint"], ", ".join(fields) if fields
                               else "a secret value (the API key, a secret env variable or a secret field of the args)"))
+
+    def show_diff(self, planned, params, cur=None):
+        """With ``--diff``: the running server's recorded launch against the candidate (redeploy/diff.py), taken before
+        anything is touched. Only the candidate's run shows it (the preflight shows it in check mode only, a rollback
+        not at all): one diff per real run. A launch that cannot be read back costs the diff, never the redeploy."""
+        if not getattr(self.module, "_diff", False) or self.p["target"] != "candidate":
+            return
+        try:
+            cur = cur if cur is not None else planned.current()
+            owner = None
+            if not cur.get("pid"):
+                # An unrecorded server on the port, which the preflight adopted.
+                _listening, owners = sockets.port_listeners(planned.port)
+                owner = owners[0] if owners else None
+            before = launch_mod.running_diff_source(self.module, cur, params, port_owner=owner)
+            self.result["diff"] = diff_mod.launch_diff(before, planned.diff_source("planned"))
+        except (launch_mod.LaunchError, OSError) as exc:
+            self.module.warn("the diff of the running server's launch could not be built: %s" % getattr(exc, "msg", exc))
 
     def touch(self):
         """This run changed what runs on the node (a signal, a stopped unit, a started server)."""
@@ -311,6 +330,7 @@ class Replace(object):
             raise launch_mod.LaunchError("no managed server runs, so its weights cannot be updated in place; redeploy with "
                                          "sglang_redeploy_mode: restart")
         self.candidate_pid = cur["pid"]
+        self.show_diff(launcher, params, cur)
         new_path = launcher.args.get("model_path")
         self.part = "weights"
         self.mark(journal_mod.LAUNCHING if p["target"] == "candidate" else journal_mod.ROLLING_BACK,
@@ -510,6 +530,8 @@ class Replace(object):
                         raise launch_mod.LaunchError("the %s config cannot be launched: %s"
                                                      % (label, "; ".join(blockers)))
                     self.check_planned(probe)
+                    if p["phase"] in ("all", "teardown"):
+                        self.show_diff(probe, params)
                 if p["phase"] in ("all", "teardown"):
                     if p["target"] == "known_good":
                         pids = [str(x) for x in (p["teardown"] or {}).get("pids") or []]

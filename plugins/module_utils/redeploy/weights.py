@@ -23,6 +23,15 @@ What an in-place update does, and therefore what :func:`weights_plan` demands:
   from what a restart with the same args gives. Hence: the whole ``config.json`` must be equal, apart
   from bookkeeping keys (:data:`IGNORED_CONFIG_KEYS`); :data:`SHAPE_CONFIG_KEYS` only sorts the
   reasons.
+* The loader copies each tensor of the new checkpoint into the parameter of the same name, which keeps
+  its launch shape: a tensor of another shape is not refused, it **kills the server** (the scheduler
+  raises "size mismatch" and the whole process tree goes; measured on 0.5.23). Equal ``config.json``
+  files do not prove equal tensors (a re-sharded, pruned or quantized export keeps its config), so for
+  safetensors checkpoints :func:`weights_plan` also compares the two checkpoints' tensor layouts (name,
+  dtype, shape) from the files' headers (:func:`..sglang.checkpoint.tensor_layout`: a few KB per
+  shard, no tensor data read): a tensor the running model has that the new checkpoint lacks, or holds
+  in another dtype or shape, rules the update out, and so does a new checkpoint whose headers are
+  damaged (the load would fail on it).
 * The tokenizer and ``generation_config.json`` are not reloaded either: when the tokenizer follows
   the model path, the tokenizer files of both checkpoints must be byte-identical.
 * The update always goes through ``DefaultModelLoader`` (other load formats are refused by SGLang);
@@ -51,6 +60,7 @@ import os
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import checkpoint as ckpt
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import versions
 
 WEIGHTS = "weights"
@@ -83,6 +93,10 @@ LOAD_FORMAT_PATTERNS = {
     "pt": ("*.pt",),
     "npcache": ("*.bin",),
 }
+# load_format values whose files are safetensors: their tensor layouts are compared from the headers.
+SAFETENSORS_FORMATS = ("auto", "safetensors", "fastsafetensors")
+# How many mismatched tensors a plan lists in its differences (the reason names the first five).
+MAX_TENSOR_DIFFERENCES = 20
 # Args that the in-place update itself changes.
 UPDATED_ARGS = ("model_path", "weight_version")
 # Args that follow the model path when they are unset or equal to it.
@@ -235,9 +249,23 @@ def weights_plan(running_args, intended_args, running_model_config=None, new_mod
     when every arg other than the model path and the weight version is equal (the tokenizer path,
     served name and draft path may follow the model path), both ``config.json`` are equal apart from
     :data:`IGNORED_CONFIG_KEYS`, the startup files (tokenizer, generation config) are identical, the
-    new checkpoint has weight files for the load format, and SGLang is 0.5.23 or newer; else
-    ``restart``. ``differences``: ``[{field, before, after, kind}]`` with kind ``arg``, ``follows``,
-    ``update``, ``shape``, ``config`` or ``file``; ``reasons``: why not ``weights``, one line each.
+    new checkpoint has weight files for the load format, the tensor layouts fit (below), and SGLang
+    is 0.5.23 or newer; else ``restart``. ``differences``: ``[{field, before, after, kind}]`` with
+    kind ``arg``, ``follows``, ``update``, ``shape``, ``config``, ``file`` or ``tensor``
+    (``field`` ``tensor.<name>``, ``before``/``after`` ``{dtype, shape}`` or None where the tensor is
+    missing; at most :data:`MAX_TENSOR_DIFFERENCES` of them); ``reasons``: why not ``weights``, one
+    line each.
+
+    Tensor layouts: when both checkpoints are safetensors (load format ``auto``, ``safetensors`` or
+    ``fastsafetensors``, and ``*.safetensors`` files on both sides), every shard's header is read
+    (names, dtypes, shapes; no tensor data) and every tensor of the running checkpoint must be in the
+    new one with the same dtype and shape: a tensor of another shape would kill the server during
+    the update. A new checkpoint whose header or index is damaged is refused (the reason names the
+    file); a running checkpoint whose headers cannot be read cannot be compared, which rules the
+    update out too. Tensors only the new checkpoint has are noted (SGLang skips them). When either
+    side has no safetensors files (``*.bin``, ``*.pt``, or a running checkpoint of ``config.json``
+    only), the layouts are not compared, and a note says so. ``checkpoint.<side>.tensors`` counts the
+    tensors read (None when not read).
     """
     old = _args(running_args)
     new = _args(intended_args)
@@ -330,6 +358,12 @@ def weights_plan(running_args, intended_args, running_model_config=None, new_mod
         if file_diffs:
             reasons.append("files read only at startup differ (%s): an in-place update keeps the running tokenizer and "
                            "generation defaults" % ", ".join(d["field"][5:] for d in file_diffs))
+        tensors = _tensor_check(before, after, old.get("load_format") or "auto", load_format)
+        differences.extend(tensors["differences"])
+        reasons.extend(tensors["reasons"])
+        notes.extend(tensors["notes"])
+        checkpoint["running"]["tensors"] = tensors["counts"][0]
+        checkpoint["new"]["tensors"] = tensors["counts"][1]
     if reasons:
         mode = RESTART
         why = "restart: " + "; ".join(reasons)
@@ -337,8 +371,9 @@ def weights_plan(running_args, intended_args, running_model_config=None, new_mod
         mode = WEIGHTS
         changes = ["%s %s -> %s" % (d["field"][5:], _show(d["before"]), _show(d["after"]))
                    for d in differences if d["kind"] == "update"]
-        why = "weights: only %s change%s; same args, same model layout and config.json, same tokenizer files" % (
-            " and ".join(changes) or "nothing", "" if len(changes) != 1 else "s")
+        why = "weights: only %s change%s; same args, same model layout and config.json, same tokenizer files%s" % (
+            " and ".join(changes) or "nothing", "" if len(changes) != 1 else "s",
+            ", same tensor names, dtypes and shapes" if checkpoint["new"].get("tensors") is not None else "")
     return {"mode": mode, "why": why, "differences": differences, "reasons": reasons, "notes": notes,
             "checkpoint": checkpoint}
 
@@ -366,7 +401,62 @@ def _summary(side):
     config = side.get("config") or {}
     archs = config.get("architectures") if isinstance(config, dict) else None
     return {"path": side.get("path"), "architecture": (archs or [None])[0] if isinstance(archs, list) else archs,
-            "weight_files": list(side.get("weight_files") or []), "error": side.get("error")}
+            "weight_files": list(side.get("weight_files") or []), "error": side.get("error"), "tensors": None}
+
+
+def _spec(spec):
+    return {"dtype": spec[0], "shape": list(spec[1])} if spec else None
+
+
+def _tensor_check(before, after, old_format, new_format):
+    """Compare the two checkpoints' tensor layouts from their safetensors headers (see weights_plan).
+
+    Returns ``{differences, reasons, notes, counts}``; ``counts``: the tensors read per side (None when not read).
+    """
+    out = {"differences": [], "reasons": [], "notes": [], "counts": [None, None]}
+    sides = (("running", before, old_format), ("new", after, new_format))
+    for label, side, load_format in sides:
+        files = side.get("weight_files") or []
+        if load_format not in SAFETENSORS_FORMATS or not files or not all(f.endswith(".safetensors") for f in files):
+            out["notes"].append("tensor layouts not compared: the %s checkpoint %s has no safetensors weights for "
+                                "load_format %s (%s); only its config.json was compared"
+                                % (label, side.get("path"), load_format, ", ".join(files[:3]) or "no weight files"))
+            return out
+    layouts = []
+    for label, side, _format in sides:
+        try:
+            layout, _files = ckpt.tensor_layout(str(side["path"]))
+        except ckpt.CheckpointError as exc:
+            if label == "new":
+                out["reasons"].append("the new checkpoint cannot be loaded, an in-place update would fail on it: %s"
+                                      % exc)
+            else:
+                out["reasons"].append("the running checkpoint's tensors cannot be compared with the new one's (%s): "
+                                      "whether the new tensors fit the running model is unknown, so only a restart "
+                                      "is safe" % exc)
+            layouts.append(None)
+            continue
+        layouts.append(layout)
+    running, new = layouts
+    out["counts"] = [len(running) if running is not None else None, len(new) if new is not None else None]
+    if running is None or new is None:
+        return out
+    mismatched = sorted(name for name in running if new.get(name) != running[name])
+    for name in mismatched[:MAX_TENSOR_DIFFERENCES]:
+        out["differences"].append({"field": "tensor.%s" % name, "before": _spec(running[name]),
+                                   "after": _spec(new.get(name)), "kind": "tensor"})
+    if mismatched:
+        out["reasons"].append(
+            "the new checkpoint's tensors do not fit the running model (%d of its %d tensors: %s): an in-place update "
+            "copies each tensor into the parameter of the same name and launch shape, and a tensor of another shape "
+            "kills the server (SGLang 0.5.23); only a restart loads this checkpoint"
+            % (len(mismatched), len(running), "; ".join(ckpt.layout_differences(running, new))))
+    extra = sorted(set(new) - set(running))
+    if extra:
+        out["notes"].append("%d tensor%s only in the new checkpoint (%s%s): the update skips names the running model "
+                            "does not have" % (len(extra), "" if len(extra) == 1 else "s", ", ".join(extra[:3]),
+                                               ", ..." if len(extra) > 3 else ""))
+    return out
 
 
 # --------------------------------------------------------------------------

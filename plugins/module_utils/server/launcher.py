@@ -209,6 +209,42 @@ def launch_params_from_record(record, stored, base):
     return params
 
 
+def recorded_launch(config_dir, fingerprint):
+    """``(record, secrets)`` of the stored launch (candidate, then known-good) whose fingerprint is ``fingerprint``;
+    ``(None, None)`` when none is (a server this collection did not start, an unreadable record)."""
+    if not config_dir or not fingerprint:
+        return None, None
+    for directory in (candidate_dir(config_dir), known_good_dir(config_dir)):
+        try:
+            record, stored = load_record(directory)
+        except LaunchError:
+            continue
+        if record is not None and record.get("fingerprint") == fingerprint:
+            return record, stored
+    return None, None
+
+
+def running_diff_source(ctx, cur, base, port_owner=None):
+    """What runs now, for the ``--diff`` (redeploy/diff.py): the launch the running server was started with, rendered
+    again from its record (:func:`recorded_launch`, :func:`launch_params_from_record` over ``base``, this run's
+    params); its command line only (masked) when it has no record; ``{"label": "nothing runs"}`` when nothing runs.
+    ``cur``: :meth:`Launcher.current`; ``port_owner``: the PID of an unmanaged server on the port (adopted), if any."""
+    pid = (cur or {}).get("pid") or port_owner
+    if not pid:
+        return {"label": "nothing runs"}
+    label = "running PID %s" % pid
+    record, stored = recorded_launch((base or {}).get("config_dir"), (cur or {}).get("fingerprint")) \
+        if (cur or {}).get("pid") else (None, None)
+    if record is None:
+        argv = (cur or {}).get("argv") if (cur or {}).get("pid") else None
+        return {"label": "%s, not started by this collection" % label,
+                "argv": secret_rules.mask_argv(argv if argv is not None else sp.cmdline(pid))}
+    params = launch_params_from_record(record, stored, dict(base, manager=record.get("manager") or base.get("manager")))
+    before = Launcher(ctx, params, check_mode=True)
+    before.plan()
+    return before.diff_source(label)
+
+
 class Launcher(object):
     """One server's launch, from ``params`` (see DEFAULTS). ``ctx``: the module (run_command, get_bin_path, warn)."""
 
@@ -434,6 +470,14 @@ class Launcher(object):
                 env_files.append(self.env_file)
             self.unit_text = unit_mod.render_unit(self.name, self.version, self.python_path, self.flags, self.env, self.fp,
                                                   self.p["user"], self.p["group"], env_files, self.p["stop_timeout"], self.p["chdir"])
+
+    def diff_source(self, label):
+        """This launch (after :meth:`plan`) as redeploy/diff.py shows it; secret values included (the diff masks them)."""
+        return {"label": label, "name": self.name, "fingerprint": self.fp, "argv": list(self.argv), "env": dict(self.env),
+                "secret_env": dict(self.secret_env), "secret_args": dict(self.secret_args), "version": self.version,
+                "config_path": self.config_path if self.config_text is not None else None,
+                "unit_path": self.unit_path if self.unit_text is not None else None, "unit_text": self.unit_text,
+                "secrets": list(self.secrets)}
 
     # ---------------- current state ----------------
 

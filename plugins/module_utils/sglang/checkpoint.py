@@ -88,7 +88,8 @@ def tensors_of(path):
         if not isinstance(entry, dict):
             raise CheckpointError(path, "tensor %s has no dtype/shape/data_offsets entry: the file is damaged" % name)
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in DTYPE_SIZES or not isinstance(shape, list) or not (isinstance(offsets, list) and len(offsets) == 2):
+        if dtype not in DTYPE_SIZES or not isinstance(shape, list) or not (isinstance(offsets, list) and len(offsets) == 2) \
+                or not all(isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in shape):
             raise CheckpointError(path, "tensor %s has an invalid entry %r: the file is damaged" % (name, entry))
         begin, end = offsets
         count = 1

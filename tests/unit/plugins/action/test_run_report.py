@@ -32,6 +32,18 @@ def test_markdown_of_sparse_rows_uses_dashes_and_none():
     assert "- Error" not in text and "- Rollback" not in text
 
 
+def test_markdown_of_a_check_mode_row_says_what_would_be_signalled():
+    rows = [{"host": "gpu-01", "status": "planned", "step": "done", "signalled": [], "planned_teardown": [4218, 4230],
+             "holders": [{"pid": 4218, "class": "managed", "cmdline": "python3 -m sglang.launch_server --api-key ********"}]},
+            {"host": "gpu-02", "status": "planned", "step": "done", "signalled": [], "planned_teardown": []}]
+    text = run_report.render_markdown("R3", rows)
+    assert ("- Signalled: none (check mode); a real run would signal:\n"
+            "  - would signal PID 4218 (managed, python3 -m sglang.launch_server --api-key ********)\n"
+            "  - would signal PID 4230\n") in text
+    assert "- Signalled: none (check mode; a real run would signal nothing)\n" in text
+    assert "- Signalled:\n  - none" not in text
+
+
 def test_merge_replaces_a_host_and_keeps_the_others():
     old = [{"host": "a", "status": "deployed"}, {"host": "b", "status": "failed"}, "junk"]
     new = [{"host": "b", "status": "rolled_back"}, {"host": "c", "status": "deployed"}]

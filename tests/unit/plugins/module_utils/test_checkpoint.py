@@ -118,6 +118,16 @@ def test_a_tensor_whose_range_does_not_match_its_shape_is_refused(tmp_path):
         ck.tensors_of(str(path))
 
 
+@pytest.mark.parametrize("shape", [["a", 2], [2, 1.5], [2, -2], [True, 4], [[2], 4]])
+def test_a_shape_that_is_not_a_list_of_sizes_is_refused_naming_the_file(tmp_path, shape):
+    path = tmp_path / "x.safetensors"
+    raw = json.dumps({"w": {"dtype": "BF16", "shape": shape, "data_offsets": [0, 16]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 16)
+    with pytest.raises(ck.CheckpointError, match="tensor w has an invalid entry") as err:
+        ck.tensors_of(str(path))
+    assert err.value.path == str(path)
+
+
 def test_an_index_and_shards_from_different_checkpoints_are_refused(tmp_path):
     root = make_checkpoint(tmp_path / "m")
     index = json.loads((root / ck.INDEX).read_text())

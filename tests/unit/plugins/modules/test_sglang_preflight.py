@@ -192,7 +192,9 @@ def test_ready_node_plans_a_start_takes_the_lease_and_journals_the_plan(node, ru
 
 def test_check_mode_plans_without_a_lease_or_journal(node, run):
     res = run(check=True)
-    assert res["failed"] is False and res["changed"] is False and res["problems"] == []
+    # changed: a real run would change the node (it would start the server).
+    assert res["failed"] is False and res["changed"] is True and res["problems"] == []
+    assert "diff" not in res                 # no --diff
     assert res["plan"]["action"] == "start"
     assert res["lease"] == {"acquired": False, "state": "free", "reason": "not held", "path": str(node.lease_path),
                             "holder": {}, "generation": 0, "waited": 0.0}
@@ -552,6 +554,36 @@ def test_the_promoted_config_already_running_is_left_alone_and_takes_no_lease(no
     forced = run(args=args, force=True)
     assert forced["plan"]["action"] == "restart" and forced["plan"]["why"] == "sglang_redeploy_force is set"
     assert forced["lease"]["acquired"] is True and node.journal()["step"] == journal_mod.PLANNED
+
+
+def test_check_mode_with_diff_shows_the_running_launch_against_the_plan_never_a_secret(node, run, answering):
+    args = {"model_path": node.model, "host": "127.0.0.1", "port": answering, "mem_fraction_static": 0.85}
+    secrets = dict(api_key=SECRET, env={"HF_TOKEN": "hf_pf_secret"})
+    first = run(check=True, args=dict(args, port=node.port), _ansible_diff=True, **secrets)
+    # A first deploy: nothing runs, every "before" is empty.
+    assert first["changed"] is True and first["plan"]["action"] == "start", first.get("msg")
+    assert [d["before"] for d in first["diff"]] == ["", "", ""]
+    assert first["diff"][0]["before_header"] == "SGLang server %s: command line (nothing runs)" % node.name
+    assert first["diff"][1]["after"] == 'api-key: "********"\n'
+    assert first["diff"][2]["after"] == "CUDA_VISIBLE_DEVICES=0\nHF_TOKEN=********\n"
+    intended = run(check=True, args=args, **secrets)["plan"]["fingerprint"]     # its port is not ours yet: a problem
+    record_running(node, os.getpid(), intended)
+    known_good_record(node, intended, args)
+    res = run(check=True, args=dict(args, mem_fraction_static=0.8), _ansible_diff=True, **secrets)
+    assert res["changed"] is True and res["plan"]["action"] == "restart", res["plan"]["why"]
+    argv = res["diff"][0]
+    assert argv["before_header"].startswith("SGLang server %s: command line (running PID %d, identity " % (node.name, os.getpid()))
+    assert argv["after_header"].startswith("SGLang server %s: command line (planned, identity " % node.name)
+    assert "    --mem-fraction-static 0.85" in argv["before"].splitlines()
+    assert "    --mem-fraction-static 0.8" in argv["after"].splitlines()
+    dumped = json.dumps(res)
+    assert SECRET not in dumped and "hf_pf_secret" not in dumped
+    # The plan already runs: nothing would change, no diff.
+    same = run(check=True, args=args, _ansible_diff=True, **secrets)
+    assert same["plan"]["action"] == "none" and same["changed"] is False and same["diff"] == []
+    # A real run returns none (sglang_replace, the task that changes the node, shows it once).
+    real = run(args=dict(args, mem_fraction_static=0.8), _ansible_diff=True, **secrets)
+    assert real["changed"] is True and real["lease"]["acquired"] is True and "diff" not in real
 
 
 def test_an_interrupted_run_is_named_in_the_plan(node, run):

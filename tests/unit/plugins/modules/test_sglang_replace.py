@@ -37,6 +37,10 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.server import laun
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_promote
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_replace
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "integration"))
+
+from checkpoint_files import SMALL_LAYOUT, write_weights  # noqa: E402 - after sys.path
+
 API_KEY = "sk-replace-5d1e77a0"
 OTHER_KEY = "sk-candidate-90c3b1f4"
 HF_TOKEN = "hf_replace_secret_42"
@@ -257,6 +261,30 @@ def test_the_planned_check_spares_the_rollback(node, monkeypatch):
     assert res["failed"] is False, res.get("msg")
 
 
+def test_with_diff_the_candidate_run_returns_the_running_launch_against_it_never_a_secret(node, monkeypatch):
+    pid = deployed(node, monkeypatch)
+    launch = node.launch(args={"mem_fraction_static": 0.7}, env=node.server_env(HF_TOKEN=HF_TOKEN))
+    res = replace(node, monkeypatch, run_id="R2", pids=[pid], api_key=OTHER_KEY, launch=launch, _ansible_diff=True)
+    assert res["failed"] is False and res["changed"] is True, res.get("msg")
+    config_path = str(node.config_dir / "candidate" / "config.yaml")
+    assert [d["after_header"].split(" (")[0] for d in res["diff"]] == [
+        "SGLang server %s: command line" % node.name, config_path, "SGLang server %s: environment" % node.name]
+    argv, config, env = res["diff"]
+    # Taken before the teardown: "before" is the server that ran (its record), "after" the candidate.
+    assert argv["before_header"].startswith("SGLang server %s: command line (running PID %d, identity " % (node.name, pid))
+    assert argv["after_header"].startswith("SGLang server %s: command line (planned, identity %s" % (
+        node.name, node.state()["fingerprint"].split(":")[1][:12]))
+    assert "    --mem-fraction-static 0.7" in argv["after"].splitlines() and "--mem-fraction-static" not in argv["before"]
+    # The key was rotated: marked, never shown.
+    assert config["before"] == 'api-key: "********"\n' and config["after"] == 'api-key: "********" (changed)\n'
+    assert "HF_TOKEN=********" in env["after"].splitlines() and "HF_TOKEN" not in env["before"]
+    dumped = json.dumps(res)
+    assert API_KEY not in dumped and OTHER_KEY not in dumped and HF_TOKEN not in dumped
+    # A rollback (the known-good relaunch) returns no diff: one diff per run, on the candidate's task.
+    back = replace(node, monkeypatch, run_id="R2", pids=[res["launch"]["pid"]], target="known_good", _ansible_diff=True)
+    assert back["failed"] is False and "diff" not in back, back.get("msg")
+
+
 def test_teardown_failure_is_not_a_rollback_and_says_so(node, monkeypatch):
     # A holder whose GPU memory stays after it exited (a driver that does not free it): the GPUs never get free.
     old = node.hold([0], 4000, "--name", "old-server", "--stuck")
@@ -355,6 +383,40 @@ def test_failed_candidate_with_rollback_relaunches_the_known_good_record(node, m
     dumped = json.dumps(res)
     assert API_KEY not in dumped and OTHER_KEY not in dumped
     assert any(line.startswith("rollback succeeded: relaunched the last known-good config") for line in res["lines"])
+
+
+def test_a_server_that_dies_during_a_weight_update_is_replaced_by_the_known_good_config(node, monkeypatch):
+    """The in-place update kills the server: a tensor of another shape (SGLang 0.5.23 dies on it, and so does the
+    fake; the preflight's plan refuses such a checkpoint, so here it comes after the plan, as a checkpoint copied
+    over while the run went on would). The update gets no answer and the update back reaches no server: the module
+    stops what is left and launches the known-good config in the same run."""
+    write_weights(node.model, seed="good")
+    good_pid = deployed(node, monkeypatch)
+    known_good = json.loads((node.config_dir / "known-good" / "server.json").read_text())
+    wide = node.model_dir("wide", "Qwen2ForCausalLM")
+    write_weights(wide, dict(SMALL_LAYOUT, **{"lm_head.weight": ("BF16", (64, 8))}), seed="wide")
+    res = replace(node, monkeypatch, run_id="R2", pids=[good_pid], rollback=True, phase="weights",
+                  launch=node.launch(args={"model_path": wide}),
+                  weights={"previous_model_path": node.model, "issue": True, "timeout": 120})
+    assert res["failed"] is True and res["failed_step"] == "weights", res.get("msg")
+    assert res["weights"]["failure"] == "http" and res["weights"]["old_weights_serving"] is None, res["weights"]
+    assert res["msg"].startswith("in-place weight update to %s failed: the update request was refused" % wide), res["msg"]
+    assert "the state after the update could not be read" in res["msg"]
+    assert [w for w in res["warnings"] if w.startswith("updating back to the previous checkpoint failed (rollback to "
+                                                       "%s impossible: cannot read the server's state" % node.model)]
+    assert not alive(good_pid)
+    rollback = res["rollback"]
+    assert rollback["status"] == "succeeded" and rollback["detail"].startswith("relaunched the last known-good config (pid ")
+    back = rollback["pid"]
+    assert back != good_pid and alive(back) and res["node_state"] == "known-good running"
+    status, _headers, info = http.request("GET", res["rollback_launch"]["url"] + "/model_info", api_key=API_KEY, timeout=10)
+    assert status == 200 and info["model_path"] == node.model, info
+    assert node.state()["fingerprint"] == known_good["fingerprint"]
+    entry = node.journal()
+    assert entry["run_id"] == "R2" and entry["step"] == journal_mod.ROLLED_BACK, entry
+    # The server died of the update (the loader's error in its log), not of anything else.
+    assert "The size of tensor a (32) must match the size of tensor b (64) at non-singleton dimension 0" in \
+        node.log_file.read_text()
 
 
 def test_failed_candidate_without_known_good_reports_rollback_unavailable(node, monkeypatch):

@@ -21,6 +21,7 @@ from sglang_helpers import QWEN_CONFIG, GpuNode, ProcessRegistry, Server  # noqa
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "integration"))
 
 from playbook_helpers import FAST_SERVER_ENV  # noqa: E402 - after sys.path
+from checkpoint_files import write_weights  # noqa: E402 - after sys.path
 
 KEY = "sk-module-weights-91c2"
 
@@ -54,10 +55,11 @@ def run(monkeypatch):
     return _run
 
 
-def checkpoint(path, content):
+def checkpoint(path, seed):
+    """config.json and valid safetensors weights, their bytes derived from ``seed`` (the same shapes for every seed)."""
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(QWEN_CONFIG))
-    (path / "model.safetensors").write_bytes(content)
+    write_weights(path, seed=seed)
     return str(path)
 
 
@@ -65,7 +67,7 @@ def checkpoint(path, content):
 def server(tmp_path):
     registry = ProcessRegistry()
     node = GpuNode(tmp_path / "gpusim", gpus=2)
-    v1 = checkpoint(tmp_path / "ckpt" / "v1", b"step 1000")
+    v1 = checkpoint(tmp_path / "ckpt" / "v1", "step 1000")
     srv = Server(registry, node, tmp_path / "server.log", ["--model-path", v1, "--tp-size", "2", "--api-key", KEY],
                  env=dict(FAST_SERVER_ENV), api_key=KEY)
     try:
@@ -82,7 +84,7 @@ def server(tmp_path):
 
 def test_update_idempotence_check_mode_rollback_and_failure(run, server, tmp_path):
     srv, v1 = server
-    v2 = checkpoint(tmp_path / "ckpt" / "v2", b"step 2000")
+    v2 = checkpoint(tmp_path / "ckpt" / "v2", "step 2000")
     base = {"url": "http://127.0.0.1:%d/" % srv.port, "api_key": KEY}
     would = run(dict(base, model_path=v2, weight_version="step-2000"), check=True)
     assert would["changed"] is True and would["message"] == "would update %s to %s" % (v1, v2)
