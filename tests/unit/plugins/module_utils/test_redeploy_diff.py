@@ -226,7 +226,7 @@ def test_the_record_of_the_running_server_renders_the_launch_it_was_written_from
     # Its secrets came back from the 0600 secrets.json, and are no_log values of the module.
     assert {KEY, TOKEN, PASSWORD} <= ctx.no_log_values
     # A changed arg: the command line and the unit differ.
-    _c, changed = planned(tmp_path, **dict(kw, args={"ssl_keyfile_password": PASSWORD, "mem_fraction_static": 0.8}))
+    _c, changed = planned(tmp_path, **{**kw, "args": {"ssl_keyfile_password": PASSWORD, "mem_fraction_static": 0.8}})
     diff = diff_mod.launch_diff(before, changed)
     assert [item["after_header"].split(" (")[0] for item in diff] == ["SGLang server main: command line",
                                                                       str(units / "sglang-main.service")]
