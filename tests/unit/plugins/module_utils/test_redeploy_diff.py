@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 from ansible.plugins.callback import CallbackBase
@@ -240,6 +241,12 @@ def test_the_running_launch_of_nothing_and_of_an_unrecorded_server(tmp_path):
                                                  "argv": ["python3", "--api-key", KEY]}, base)
     assert unknown == {"label": "running PID 99, not started by this collection", "argv": ["python3", "--api-key", "********"]}
     # An adopted server on the port (no PID file): its command line is read from /proc.
-    adopted = engine.running_diff_source(Ctx(), {"pid": None}, base, port_owner=os.getpid())
-    assert adopted["label"] == "running PID %d, not started by this collection" % os.getpid()
-    assert adopted["argv"][0] == sys.executable or os.path.basename(adopted["argv"][0]).startswith("python")
+    # A child of known argv (pytest-xdist retitles this process, so its own /proc cmdline is not argv).
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "--api-key", KEY],
+                             stdin=subprocess.PIPE)
+    try:
+        adopted = engine.running_diff_source(Ctx(), {"pid": None}, base, port_owner=child.pid)
+    finally:
+        child.communicate(b"", timeout=30)
+    assert adopted["label"] == "running PID %d, not started by this collection" % child.pid
+    assert adopted["argv"] == [sys.executable, "-c", "import sys; sys.stdin.read()", "--api-key", "********"]
