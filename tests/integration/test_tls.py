@@ -1,0 +1,143 @@
+"""TLS (issue 27): the simulated SGLang server behind real TLS (--ssl-certfile/--ssl-keyfile, Python's ssl), with
+certificates made at test time (tls_certs.py). The launch's health gate and effective-config check, the smoke gate
+and the weights module speak https with certificate validation; a bad CA, an expired certificate and a wrong host
+name are refused with a message that names the fix; the key's password (ssl_keyfile_password) stays a secret; smg
+1.x serving TLS is reached by sglang_router_worker."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from launch_helpers import SIM_PY, Procs, cmdlines, free_port, run_module_raw, session_members  # noqa: E402
+import tls_certs  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+FAST = {"SGLANG_SIM_STARTUP_S": "0.3", "SGLANG_SIM_WARMUP_S": "0.05", "SGLANG_SIM_SHUTDOWN_S": "0.05",
+        "SGLANG_SIM_DRAIN_POLL_S": "0.05"}
+
+
+@pytest.fixture
+def servers():
+    tracker = Procs()
+    yield tracker
+    left = tracker.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left
+
+
+@pytest.fixture
+def certs(tmp_path):
+    return tls_certs.make(str(tmp_path / "pki"))
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "models" / "target"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
+    return str(path)
+
+
+@pytest.fixture
+def launch(sim_node, servers, model, tmp_path):
+    """``launch(cert, key, **params)``: sglang_launch of a TLS server (``host`` 0.0.0.0, so the collection connects
+    to 127.0.0.1)."""
+    state = {"n": 0}
+
+    def _launch(cert, key, args=None, **params):
+        state["n"] += 1
+        full = {
+            "name": "tls%d" % state["n"],
+            "args": dict({"model_path": model, "port": free_port(), "host": "0.0.0.0", "ssl_certfile": cert,
+                          "ssl_keyfile": key}, **(args or {})),
+            "state_dir": str(tmp_path / ("state%d" % state["n"])),
+            "python": sys.executable,
+            "env": dict(FAST, PYTHONPATH=str(SIM_PY), GPUSIM_ROOT=sim_node.root, CUDA_VISIBLE_DEVICES="0,1"),
+            "health_timeout": 60,
+            "stop_timeout": 20,
+        }
+        full.update(params)
+        run = run_module_raw(full, tmp_path, env=sim_node.env)
+        if run.get("pid"):
+            servers.add(run["pid"])
+        servers.add_pid_file(os.path.join(full["state_dir"], "server.pid"))
+        run.port = full["args"]["port"]
+        run.state_dir = full["state_dir"]
+        return run
+
+    return _launch
+
+
+def _smoke(tmp_path, url, **params):
+    return run_module_raw(dict({"url": url, "requests": 2, "max_new_tokens": 4, "timeout": 60}, **params), tmp_path,
+                          module="gpufleet.sglang.sglang_smoke")
+
+
+def test_tls_server_gates_pass_over_https_and_the_key_password_stays_secret(launch, certs, tmp_path):
+    run = launch(certs["server_cert"], certs["server_key_encrypted"], tls_ca_path=certs["ca"],
+                 args={"ssl_keyfile_password": tls_certs.KEY_PASSWORD})
+    assert not run.failed, run
+    # The health gate and the effective-config check ran over https, validated against the test CA.
+    assert run["url"] == "https://127.0.0.1:%d" % run.port
+    assert run["server_info_endpoint"] == "/server_info" and run["overrides"] == []
+    assert run["effective"]["ssl_certfile"] == certs["server_cert"]
+    # The key's password: only in the 0600 config file, never in ps, the result or the record.
+    pid = run["pid"]
+    for member, argv in cmdlines(session_members(pid)).items():
+        assert tls_certs.KEY_PASSWORD not in "\0".join(argv), (member, argv)
+    assert tls_certs.KEY_PASSWORD not in run.everything()
+    assert tls_certs.KEY_PASSWORD in open(os.path.join(run.state_dir, "config.yaml")).read()
+    assert tls_certs.KEY_PASSWORD not in open(os.path.join(run.state_dir, "server.state.json")).read()
+
+    # The smoke gate over https: with the CA it passes ...
+    url = run["url"]
+    ok = _smoke(tmp_path, url, tls_ca_path=certs["ca"])
+    assert not ok.failed, ok
+    assert ok["requests"] == {"sent": 2, "ok": 2, "failed": 0}, ok
+    # ... with a CA that did not sign the certificate it fails, naming the option to set ...
+    bad = _smoke(tmp_path, url, tls_ca_path=certs["other_ca"])
+    assert bad.failed, bad
+    assert "tls_ca_path" in bad["msg"] and "sglang_server_tls_ca_path" in bad["msg"], bad["msg"]
+    # ... and without validation it passes but says so.
+    unchecked = _smoke(tmp_path, url, validate_certs=False)
+    assert not unchecked.failed, unchecked
+    assert any("validate_certs=false" in w for w in unchecked.get("warnings", [])), unchecked
+
+    # sglang_weights reads /model_info over https (check mode: nothing is updated) with the CA, refuses without it.
+    weights = {"url": url, "model_path": run["effective"]["model_path"]}
+    checked = run_module_raw(dict(weights, tls_ca_path=certs["ca"]), tmp_path, check=True,
+                             module="gpufleet.sglang.sglang_weights")
+    assert not checked.failed, checked
+    refused = run_module_raw(dict(weights, tls_ca_path=certs["other_ca"]), tmp_path, check=True,
+                             module="gpufleet.sglang.sglang_weights")
+    assert refused.failed and "tls_ca_path" in refused.everything(), refused
+
+
+@pytest.mark.parametrize("case, cert, ca, words", [
+    ("bad CA", "server", "other_ca", ["does not chain to a trusted CA", "sglang_server_tls_ca_path",
+                                      "CA bundle that signed the server's certificate"]),
+    ("expired", "expired", "ca", ["expired", "renew the certificate"]),
+    ("wrong host", "wrong_host", "ca", ["not valid for 127.0.0.1", "subjectAltName IP:127.0.0.1",
+                                        "set the server's host arg"]),
+])
+def test_refused_certificate_fails_the_health_gate_with_the_fix(launch, certs, case, cert, ca, words):
+    run = launch(certs[cert + "_cert"], certs[cert + "_key"], tls_ca_path=certs[ca])
+    assert run.failed, (case, run)
+    assert "the health gate cannot reach the server over HTTPS" in run["msg"], run["msg"]
+    for word in words:
+        assert word in run["msg"], (case, word, run["msg"])
+    # Refused at once, not after the health timeout, and the candidate was stopped.
+    assert not run.get("pid") or not os.path.exists("/proc/%d" % run["pid"]) or \
+        open("/proc/%d/stat" % run["pid"]).read().rsplit(")", 1)[1].split()[0] in ("Z", "X"), run
+
+
+def test_unusable_tls_options_fail_before_anything_starts(launch, certs, tmp_path):
+    missing = str(tmp_path / "no-such-ca.pem")
+    run = launch(certs["server_cert"], certs["server_key"], tls_ca_path=missing)
+    assert run.failed and "tls_ca_path=%s: no such file" % missing in run["msg"] and "nothing was changed" in run["msg"]
+    assert not os.path.exists(os.path.join(run.state_dir, "server.pid")), run
+    not_pem = launch(certs["server_cert"], certs["server_key"], tls_ca_path=certs["server_key"])
+    assert not_pem.failed and "holds no PEM CA certificate" in not_pem["msg"], not_pem
