@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from launch_helpers import SIM_PY, Procs, cmdlines, free_port, run_module_raw, session_members  # noqa: E402
+from playbook_helpers import Procs as NodeProcs, SimNode  # noqa: E402
 import tls_certs  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -141,3 +143,56 @@ def test_unusable_tls_options_fail_before_anything_starts(launch, certs, tmp_pat
     assert not os.path.exists(os.path.join(run.state_dir, "server.pid")), run
     not_pem = launch(certs["server_cert"], certs["server_key"], tls_ca_path=certs["server_key"])
     assert not_pem.failed and "holds no PEM CA certificate" in not_pem["msg"], not_pem
+
+
+# --------------------------------------------------------------------------
+# Through playbooks/redeploy.yml: a TLS server config on the simulated node
+# --------------------------------------------------------------------------
+
+REPLACE = "Replace the server in one module run, candidate all"
+PROMOTE = "Promote the verified config to known-good and release the lease (the smoke gate first, when given)"
+
+
+def _tls_vars(node, certs, ca):
+    args = node.server_args(host="0.0.0.0", ssl_certfile=certs["server_cert"], ssl_keyfile=certs["server_key_encrypted"],
+                            ssl_keyfile_password=tls_certs.KEY_PASSWORD)
+    return node.host_vars(sglang_server_args=args, sglang_server_tls_ca_path=certs[ca])
+
+
+@pytest.fixture
+def node_procs():
+    tracker = NodeProcs()
+    yield tracker
+    left = tracker.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left
+
+
+def test_redeploy_playbook_over_https(tmp_path, node_procs, certs):
+    """Bad CA: the health gate refuses the certificate with the fix, the candidate is stopped, nothing stays on
+    the GPUs. The CA that signed it: health gate, effective-config check and smoke gate pass over https."""
+    node = SimNode(tmp_path / "node", node_procs)
+    bad = node.run(host_vars=_tls_vars(node, certs, "other_ca"))
+    assert bad.rc != 0, bad.summary()
+    replaced = bad.task_result(REPLACE)
+    assert replaced["failed"] is True and replaced["failed_step"] == "launch", replaced
+    assert "the health gate cannot reach the server over HTTPS" in replaced["msg"], replaced["msg"]
+    assert "sglang_server_tls_ca_path" in replaced["msg"] and "does not chain to a trusted CA" in replaced["msg"]
+    assert node.server_tree() == [] and all(v == 1 for v in node.used().values()), node.used()
+
+    good = node.run(host_vars=_tls_vars(node, certs, "ca"))
+    assert good.rc == 0, good.summary()
+    replaced = good.task_result(REPLACE)
+    assert replaced["launch"]["url"] == "https://127.0.0.1:%d" % node.port, replaced["launch"]
+    smoke = good.task_result(PROMOTE)["smoke"]
+    assert smoke["requests"]["ok"] == smoke["requests"]["sent"] > 0, smoke
+    row = good.row()
+    assert row["status"] == "deployed" and row["error"] is None, row
+    # The server answers over https, validated against the test CA, and not over plain http.
+    url = "https://127.0.0.1:%d" % node.port
+    status, _h, info = http.request("GET", url + "/server_info", api_key=node.api_key,
+                                    tls=http.tls_settings({"tls_ca_path": certs["ca"]}))
+    assert status == 200 and info["ssl_certfile"] == certs["server_cert"], info
+    # The key's password: in no event, artifact or report, nor on a command line of the server.
+    assert tls_certs.KEY_PASSWORD not in good.everything() and tls_certs.KEY_PASSWORD not in bad.everything()
+    for member, argv in cmdlines(node.server_tree()).items():
+        assert tls_certs.KEY_PASSWORD not in "\0".join(argv), (member, argv)
