@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -17,6 +20,8 @@ from playbook_helpers import Procs as NodeProcs, SimNode  # noqa: E402
 import tls_certs  # noqa: E402
 
 pytestmark = pytest.mark.slow
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 FAST = {"SGLANG_SIM_STARTUP_S": "0.3", "SGLANG_SIM_WARMUP_S": "0.05", "SGLANG_SIM_SHUTDOWN_S": "0.05",
         "SGLANG_SIM_DRAIN_POLL_S": "0.05"}
@@ -196,3 +201,59 @@ def test_redeploy_playbook_over_https(tmp_path, node_procs, certs):
     assert tls_certs.KEY_PASSWORD not in good.everything() and tls_certs.KEY_PASSWORD not in bad.everything()
     for member, argv in cmdlines(node.server_tree()).items():
         assert tls_certs.KEY_PASSWORD not in "\0".join(argv), (member, argv)
+
+
+# --------------------------------------------------------------------------
+# The router: smg 1.x serving TLS (--tls-cert-path/--tls-key-path), checking https workers (--ca-cert-paths)
+# --------------------------------------------------------------------------
+
+def _smg1():
+    """smg 1.x from its own venv (scripts/setup-smg.sh; GPUFLEET_SMG_VENV points at another one)."""
+    out = subprocess.run([str(REPO / "scripts" / "setup-smg.sh")], capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert out.returncode == 0, "scripts/setup-smg.sh failed:\n%s" % out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _router_workers(url, certs):
+    status, _h, data = http.request("GET", url + "/workers", tls=http.tls_settings({"tls_ca_path": certs["ca"]}))
+    assert status == 200, (status, data)
+    return data["workers"]
+
+
+def test_router_worker_over_https_against_smg(launch, certs, servers, tmp_path):
+    worker = launch(certs["server_cert"], certs["server_key"], tls_ca_path=certs["ca"], args={"host": "127.0.0.1"})
+    assert not worker.failed, worker
+    port = free_port()
+    argv = [_smg1(), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(free_port()), "--policy", "round_robin", "--tls-cert-path", certs["server_cert"],
+            "--tls-key-path", certs["server_key"], "--ca-cert-paths", certs["ca"], "--health-check-interval-secs", "30",
+            "--worker-startup-timeout-secs", "30", "--worker-startup-check-interval", "1", "--log-level", "warn"]
+    with open(str(tmp_path / "router.log"), "w") as fh:
+        proc = subprocess.Popen(argv, env=dict(os.environ, HF_HUB_OFFLINE="1", NO_PROXY="*", no_proxy="*"),
+                                stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    servers.add(proc.pid)
+    router = "https://127.0.0.1:%d" % port
+    end = time.monotonic() + 30
+    while True:
+        try:
+            _router_workers(router, certs)
+            break
+        except http.HTTPConnectionError:
+            assert time.monotonic() < end, open(str(tmp_path / "router.log")).read()[-3000:]
+            time.sleep(0.2)
+    params = {"router_url": router, "url": worker["url"], "timeout": 60}
+
+    refused = run_module_raw(dict(params, tls_ca_path=certs["other_ca"]), tmp_path, module="gpufleet.sglang.sglang_router_worker")
+    assert refused.failed and "tls_ca_path" in refused["msg"] and "does not chain to a trusted CA" in refused["msg"], refused
+    assert _router_workers(router, certs) == []
+
+    added = run_module_raw(dict(params, tls_ca_path=certs["ca"]), tmp_path, module="gpufleet.sglang.sglang_router_worker")
+    assert not added.failed and added["changed"] is True, added
+    listed = _router_workers(router, certs)
+    assert [w["url"] for w in listed] == [worker["url"]] and listed[0]["is_healthy"], listed
+
+    removed = run_module_raw(dict(params, tls_ca_path=certs["ca"], state="absent", allow_last=True), tmp_path,
+                             module="gpufleet.sglang.sglang_router_worker")
+    assert not removed.failed and removed["changed"] is True, removed
+    assert _router_workers(router, certs) == []
