@@ -202,7 +202,8 @@ def _tls_error(url, reason):
     elif "WRONG_VERSION_NUMBER" in str(detail).upper() or "wrong version number" in str(reason):
         fix = "the server at %s does not speak TLS; remove ssl_certfile from its args or use an http:// URL" % host
     else:
-        fix = "TLS handshake failed (%s); check the certificates and %s" % (reason, CA_HINT)
+        fix = ("TLS handshake failed (%s); check the certificates: %s for the server's CA, and %s when the server asks "
+               "for a client certificate" % (reason, CA_HINT, CERT_HINT))
     return TLSError(url, fix)
 
 
