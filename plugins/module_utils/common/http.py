@@ -104,7 +104,7 @@ def tls_context(ca_path=None, client_cert=None, client_key=None, validate_certs=
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)   # host name check and CERT_REQUIRED; only the given CAs
         try:
             ctx.load_verify_locations(cafile=ca_path)
-        except (ssl.SSLError, ValueError) as exc:
+        except (ssl.SSLError, ValueError, OSError) as exc:   # OSError: unreadable (permissions)
             raise TLSConfigError("tls_ca_path=%s holds no PEM CA certificate (%s); give the CA bundle that signed "
                                  "the server's certificate" % (ca_path, exc))
     else:
