@@ -25,6 +25,7 @@ author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - action_common_attributes
+  - gpufleet.sglang.tls
 attributes:
   check_mode:
     support: full
@@ -419,6 +420,7 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
@@ -480,8 +482,9 @@ def _diff(launcher, cur, action):
 
 
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True,
+    module = AnsibleModule(argument_spec=dict(argument_spec(), **http.TLS_ARGSPEC), supports_check_mode=True,
                            required_if=[("state", "started", ("args",)), ("state", "restarted", ("args",))])
+    http.configure_module(module)
     p = module.params
     began = time.monotonic()
     params = dict((k, p[k]) for k in PASSED)

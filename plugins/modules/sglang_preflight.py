@@ -223,6 +223,7 @@ author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - action_common_attributes
+  - gpufleet.sglang.tls
 attributes:
   check_mode:
     support: full
@@ -401,6 +402,7 @@ problems:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 
 
@@ -449,7 +451,8 @@ def argument_spec():
 
 
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=dict(argument_spec(), **http.TLS_ARGSPEC), supports_check_mode=True)
+    http.configure_module(module)
     result = plan_mod.Preflight(module).run()
     if result.get("problems"):
         module.fail_json(msg=result.pop("msg"), **result)

@@ -148,6 +148,7 @@ author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - action_common_attributes
+  - gpufleet.sglang.tls
 attributes:
   check_mode:
     support: full
@@ -225,6 +226,7 @@ import signal
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import records
@@ -374,9 +376,11 @@ def main():
             run_id=dict(type="str", required=True),
             lease=dict(type="dict", default={}),
             release=dict(type="bool", default=True),
+            **http.TLS_ARGSPEC
         ),
         supports_check_mode=True,
     )
+    http.configure_module(module)
     p = module.params
     result = {"changed": False, "promoted": False, "released": False, "known_good": {}}
     if p["smoke_gate"] is not None:

@@ -140,6 +140,7 @@ author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - action_common_attributes
+  - gpufleet.sglang.tls
 attributes:
   check_mode:
     support: none
@@ -268,6 +269,7 @@ timings:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import replace as engine
 
 
@@ -290,9 +292,11 @@ def main():
             run_id=dict(type="str", required=True),
             lease=dict(type="dict", default={}),
             planned=dict(type="dict", default={}),
+            **http.TLS_ARGSPEC
         ),
         supports_check_mode=False,
     )
+    http.configure_module(module)
     try:
         result = engine.Replace(module).run()
     except engine.ReplaceFailed as exc:

@@ -170,6 +170,7 @@ author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - action_common_attributes
+  - gpufleet.sglang.tls
 attributes:
   check_mode:
     support: full
@@ -374,18 +375,20 @@ elapsed:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.router.workers import RouterWorker, argument_spec
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=argument_spec(),
+        argument_spec=dict(argument_spec(), **http.TLS_ARGSPEC),
         required_if=[
             ("state", "present", ("router_url",)),
             ("state", "absent", ("router_url",)),
         ],
         supports_check_mode=True,
     )
+    http.configure_module(module)
     RouterWorker(module).run()
 
 

@@ -103,6 +103,7 @@ author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - action_common_attributes
+  - gpufleet.sglang.tls
 attributes:
   check_mode:
     support: none
@@ -220,6 +221,7 @@ errors:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import smoke
 
 # The engine's names, for callers and tests that know them from this module.
@@ -230,7 +232,8 @@ _pair = smoke._pair
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(smoke.OPTIONS), supports_check_mode=False)
+    module = AnsibleModule(argument_spec=dict(smoke.OPTIONS, **http.TLS_ARGSPEC), supports_check_mode=False)
+    http.configure_module(module)
     p = module.params
     problem = smoke.check_params(p)
     if problem:

@@ -82,6 +82,7 @@ author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - action_common_attributes
+  - gpufleet.sglang.tls
 attributes:
   check_mode:
     support: full
@@ -189,10 +190,12 @@ def main():
             abort_all_requests=dict(type="bool", default=True),
             flush_cache=dict(type="bool", default=True),
             timeout=dict(type="float", default=600.0),
+            **http.TLS_ARGSPEC
         ),
         required_if=[("state", "updated", ("model_path",)), ("state", "rolled_back", ("previous",))],
         supports_check_mode=True,
     )
+    http.configure_module(module)
     p = module.params
     if p["timeout"] <= 0:
         module.fail_json(msg="timeout: must be a positive number of seconds, got %s" % p["timeout"])

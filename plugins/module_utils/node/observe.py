@@ -35,13 +35,13 @@ def server_tree(table, pids):
     return out
 
 
-def _url(host, port):
+def _url(host, port, tls=False):
     host = str(host or "")
     if host in _WILDCARD:
         host = "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = "[%s]" % host
-    return "http://%s:%d" % (host, port)
+    return "%s://%s:%d" % ("https" if tls else "http", host, port)
 
 
 def gpu_users(table, gpus, patterns):
@@ -56,13 +56,13 @@ def gpu_users(table, gpus, patterns):
     return out
 
 
-def observe(port, host=None, gpus=(), patterns=(), groups=(), request=None):
+def observe(port, host=None, gpus=(), patterns=(), groups=(), request=None, tls=False):
     """``(text, facts)``: the node now.
 
     ``groups``: ``[(label, root PIDs)]`` such as ``[("old server", [123]), ("candidate", [456])]``; a listener or GPU
     user in a group's tree is named by the group's label. ``facts``: ``{"port", "listener": {"pid", "name", "owner"}
     or None, "health": HTTP status or None, "gpu_users": [{"pid", "name", "gpus", "owner"}]}``. ``request`` replaces
-    :func:`http.request` (tests).
+    :func:`http.request` (tests). ``tls``: the server serves HTTPS (its args set ssl_certfile).
     """
     request = request or http.request
     table = procfs.process_table(with_cgroup=False)
@@ -81,7 +81,7 @@ def observe(port, host=None, gpus=(), patterns=(), groups=(), request=None):
         info = table.get(pid) if pid else None
         facts["listener"] = {"pid": pid, "name": info.comm if info else None, "owner": owner_of(pid) if pid else None}
         try:
-            status, _headers, _body = request("GET", _url(host, port) + "/health", timeout=HEALTH_TIMEOUT_S)
+            status, _headers, _body = request("GET", _url(host, port, tls) + "/health", timeout=HEALTH_TIMEOUT_S)
         except http.HTTPConnectionError:
             status = None
         facts["health"] = status

@@ -653,7 +653,8 @@ class Replace(object):
             groups.append(("candidate", [self.candidate_pid]))
         try:
             text, facts = node_observe.observe(port, args.get("host"), td.get("gpus") or [],
-                                               node_observe.patterns_for(td.get("device_paths")), groups)
+                                               node_observe.patterns_for(td.get("device_paths")), groups,
+                                               tls=bool(args.get("ssl_certfile")))
         except (OSError, ValueError) as exc:
             text, facts = "unknown (the node could not be inspected: %s)" % exc, {"port": port, "error": str(exc)}
         self.result["node_state"] = text

@@ -129,11 +129,12 @@ def probe_host(host):
     return host.strip("[]")
 
 
-def base_url(host, port):
+def base_url(host, port, tls=False):
+    """The URL the collection calls the server at: https when its args turn TLS on (ssl_certfile)."""
     host = probe_host(host)
     if ":" in host:
         host = "[%s]" % host
-    return "http://%s:%d" % (host, port)
+    return "%s://%s:%d" % ("https" if tls else "http", host, port)
 
 
 def port_in_use(host, port, timeout=0.5):
@@ -384,7 +385,7 @@ class Launcher(object):
         except (TypeError, ValueError):
             self.blockers.append("sglang_server_args.port must be an integer from 1 to 65535, got %r" % (args.get("port"),))
         self.host = str(args.get("host") or DEFAULT_HOST)
-        self.url = base_url(self.host, self.port)
+        self.url = base_url(self.host, self.port, tls=bool(args.get("ssl_certfile")))
         self.args = args
 
     def _render(self, args):
@@ -738,6 +739,9 @@ class Launcher(object):
                 if 200 <= status < 300:
                     state["healthy"] = True
                     return True
+            except http.TLSError as exc:   # a refused certificate stays refused: stop waiting (the fix is in the message)
+                state["last"] = "the health gate cannot reach the server over HTTPS: %s" % exc
+                return True
             except http.HTTPConnectionError as exc:
                 state["last"] = exc.kind if exc.kind in ("refused", "timeout") else "%s (%s)" % (exc.kind, exc.reason)
             state["members"] = sp.tree(pid) or state["members"]

@@ -741,7 +741,8 @@ class Engine(Measured0523, EngineMetrics):
         uvicorn_logger.info("INFO:     Started server process [%s]", os.getpid())
         uvicorn_logger.info("INFO:     Waiting for application startup.")
         uvicorn_logger.info("INFO:     Application startup complete.")
-        uvicorn_logger.info("INFO:     Uvicorn running on http://%s:%s (Press CTRL+C to quit)", sa.host, sa.port)
+        uvicorn_logger.info("INFO:     Uvicorn running on %s://%s:%s (Press CTRL+C to quit)",
+                            "https" if sa.ssl_certfile else "http", sa.host, sa.port)
         if knobs.at_least(0, 5, 10):
             threading.Thread(target=self._subprocess_watchdog, name="subprocess-watchdog",
                              daemon=True).start()
@@ -782,7 +783,11 @@ class Engine(Measured0523, EngineMetrics):
         try:
             # Like the real warmup: poll the model info, then one short generate.
             # /model_info with a 5 s timeout as the real warmup polls it, then the generate with a long one
-            conn = http.client.HTTPConnection(host, sa.port, timeout=5)
+            if sa.ssl_certfile:   # like the real warmup over https: the server's own certificate is not checked
+                import ssl
+                conn = http.client.HTTPSConnection(host, sa.port, timeout=5, context=ssl._create_unverified_context())
+            else:
+                conn = http.client.HTTPConnection(host, sa.port, timeout=5)
             path = "/model_info" if knobs.at_least(0, 5, 10) else "/get_model_info"
             for method, url, body in ((
                     "GET", path, None),

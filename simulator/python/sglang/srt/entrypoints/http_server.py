@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -52,7 +53,35 @@ class HTTPServer(ThreadingHTTPServer):
         if ":" in host:
             self.address_family = socket.AF_INET6
         self.engine = engine
+        self.ssl_context = ssl_context(getattr(engine, "server_args", None))
         super().__init__(addr, handler)
+
+    def finish_request(self, request, client_address):
+        # TLS (--ssl-certfile): the handshake runs in the connection's own thread, so a client that
+        # refuses the certificate (or never finishes the handshake) does not hold up accept().
+        if self.ssl_context is not None:
+            try:
+                request = self.ssl_context.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                uvicorn_logger.warning("WARNING:  Invalid HTTP request received (TLS handshake: %s)", exc)
+                return
+        super().finish_request(request, client_address)
+
+
+def ssl_context(server_args):
+    """uvicorn's server context for SGLang's --ssl-certfile/--ssl-keyfile/--ssl-keyfile-password/--ssl-ca-certs
+    (uvicorn's ssl_cert_reqs stays CERT_NONE: the CA file alone asks no client certificate); None without a
+    certificate."""
+    certfile = getattr(server_args, "ssl_certfile", None) if server_args is not None else None
+    if not certfile:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    password = getattr(server_args, "ssl_keyfile_password", None)
+    ctx.load_cert_chain(certfile, getattr(server_args, "ssl_keyfile", None) or None, password=password or None)
+    ca_certs = getattr(server_args, "ssl_ca_certs", None)
+    if ca_certs:
+        ctx.load_verify_locations(ca_certs)
+    return ctx
 
 
 def make_http_server(engine, host, port):
