@@ -121,22 +121,16 @@ def write_inventory(path, hosts, models, server_extra_env=None, plain=False):
 
 
 def write_models(models, weights=False):
-    """The model directories (config.json only; with ``weights``, a weight file too and a second checkpoint
-    of the same architecture and config with other bytes, for weight-only redeploys)."""
-    for name in ("kimi-k2.5", "kimi-k2.5-eagle3"):
-        os.makedirs(os.path.join(models, name), exist_ok=True)
+    """The model directories: config.json and a tiny valid checkpoint (safetensors weights and tokenizer files, what
+    the preflight checks); with ``weights``, a second checkpoint of the same architecture, config and tensor layout
+    with other bytes, for weight-only redeploys."""
+    from gpusim.checkpoint import write_checkpoint  # pylint: disable=import-outside-toplevel
     config = '{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2"}\n'
-    with open(os.path.join(models, "kimi-k2.5", "config.json"), "w") as fh:
-        fh.write(config)
-    with open(os.path.join(models, "kimi-k2.5-eagle3", "config.json"), "w") as fh:
-        fh.write('{"architectures": ["LlamaForCausalLMEagle3"]}\n')
+    write_checkpoint(os.path.join(models, "kimi-k2.5"), config=config, seed="kimi-k2.5")
+    write_checkpoint(os.path.join(models, "kimi-k2.5-eagle3"), config='{"architectures": ["LlamaForCausalLMEagle3"]}\n',
+                     seed="kimi-k2.5-eagle3")
     if weights:
-        os.makedirs(os.path.join(models, "kimi-k2.5-step2"), exist_ok=True)
-        with open(os.path.join(models, "kimi-k2.5-step2", "config.json"), "w") as fh:
-            fh.write(config)
-        for name in ("kimi-k2.5", "kimi-k2.5-step2"):
-            with open(os.path.join(models, name, "model.safetensors"), "wb") as fh:
-                fh.write(os.urandom(4096))
+        write_checkpoint(os.path.join(models, "kimi-k2.5-step2"), config=config, seed="kimi-k2.5-step2")
 
 
 def make_hosts(base, size, prefix="node", profile=False):

@@ -1,7 +1,7 @@
-"""`make bench`: the clock check, the outage benchmark, the teardown benchmark, the fleet benchmark and the
-node oracle's cost, then the ratios of this run against the goals.
+"""`make bench`: the clock check, the outage benchmark, the teardown benchmark, the fleet benchmark, the
+node oracle's cost and the checkpoint check's, then the ratios of this run against the goals.
 
-    .venv/bin/python bench/run.py [--only clock,outage,teardown,fleet,oracle] [--outage-runs N] [--runs N]
+    .venv/bin/python bench/run.py [--only clock,outage,teardown,fleet,oracle,checkpoint] [--outage-runs N] [--runs N]
                                   [--sizes 1,8,32] [--fleet-runs N] [--oracle newest|all|none]
                                   [--profile] [--playbook PATH] [--keep]
 
@@ -24,7 +24,7 @@ import time
 
 import _common as c
 
-PARTS = ("clock", "outage", "teardown", "fleet", "oracle")
+PARTS = ("clock", "outage", "teardown", "fleet", "oracle", "checkpoint")
 
 # Goals of issue 15 (and the per-host counts of its "what to build").
 GOAL_ADDED_S = 1.0
@@ -51,6 +51,8 @@ def parse_args(argv=None):
                     help="fleet: also enable profile_tasks/profile_roles and cProfile the controller process")
     ap.add_argument("--playbook", default=os.path.join(c.REPO, "playbooks", "redeploy.yml"),
                     help="outage/fleet: the redeploy playbook to time (default playbooks/redeploy.yml)")
+    ap.add_argument("--checkpoint-shards", default="200",
+                    help="checkpoint: shard counts of the checkpoints to verify, comma-separated (default 200)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (.cache/bench/<timestamp>)")
     opts = ap.parse_args(argv)
     if opts.runs < 1 or opts.fleet_runs < 1 or opts.outage_runs < 1:
@@ -63,6 +65,12 @@ def parse_args(argv=None):
         opts.sizes = [int(s) for s in opts.sizes.split(",") if s.strip()]
     except ValueError:
         ap.error("--sizes takes comma-separated host counts, e.g. 1,8,32")
+    try:
+        opts.checkpoint_shards = [int(s) for s in opts.checkpoint_shards.split(",") if s.strip()]
+    except ValueError:
+        ap.error("--checkpoint-shards takes comma-separated shard counts, e.g. 200,1000")
+    if not opts.checkpoint_shards or min(opts.checkpoint_shards) < 2:
+        ap.error("--checkpoint-shards takes shard counts of 2 or more")
     if not opts.sizes or min(opts.sizes) < 1:
         ap.error("--sizes takes positive host counts")
     return opts
@@ -298,6 +306,12 @@ def main(argv=None):
         print("\n== fleet benchmark (sizes %s)" % ",".join(map(str, opts.sizes)), flush=True)
         result["fleet"] = fleet.run(opts, workdir)
         texts.append(fleet.report(result["fleet"]))
+        print("\n" + texts[-1], flush=True)
+    if "checkpoint" in opts.parts:
+        import checkpoint  # pylint: disable=import-outside-toplevel
+        print("\n== checkpoint check (shards %s)" % ",".join(map(str, opts.checkpoint_shards)), flush=True)
+        result["checkpoint"] = checkpoint.run(opts, workdir)
+        texts.append(checkpoint.report(result["checkpoint"]))
         print("\n" + texts[-1], flush=True)
     if "oracle" in opts.parts and opts.oracle != "none":
         print("\n== oracle cost", flush=True)

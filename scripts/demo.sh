@@ -50,6 +50,9 @@ banner() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 mkdir -p "$DEMO"/models/kimi-k2.5 "$DEMO"/models/kimi-k2.5-eagle3 "$DEMO"/reports "$DEMO"/state "$DEMO"/etc "$DEMO"/log
 echo '{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2"}' > "$DEMO/models/kimi-k2.5/config.json"
 echo '{"architectures": ["LlamaForCausalLMEagle3"]}' > "$DEMO/models/kimi-k2.5-eagle3/config.json"
+# Tiny valid checkpoints (safetensors weights, tokenizer files): what the preflight checks.
+gpusim checkpoint "$DEMO/models/kimi-k2.5" >/dev/null
+gpusim checkpoint "$DEMO/models/kimi-k2.5-eagle3" >/dev/null
 : > "$PIDS"
 
 banner "Simulated node: 8 x NVIDIA H200 (GPUSIM_ROOT=.demo/node)"

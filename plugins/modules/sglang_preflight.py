@@ -17,6 +17,14 @@ description:
   - Checks every setting it is given in O(settings) (ranges the role argument specs cannot express),
     the parallel layout against the target GPUs, the secrets (no newline), the model and draft paths,
     nvidia-smi and the target GPUs, who listens on the server port, and who holds the target GPUs.
+  - Checks the checkpoints of C(model_path) and C(speculative_draft_model_path) as the server will load them, reading
+    headers only (docs/reference/checkpoints.md) - every shard C(model.safetensors.index.json) names exists, each
+    shard's safetensors header parses and its size matches its tensors' byte ranges, the tokenizer files
+    C(tokenizer_config.json) needs are there (not for the draft), and the server's user (O(user)/O(group) with
+    O(manager=systemd), else this module's user) can read every file and enter every directory above. A directory
+    without weights is refused. The problem names the first broken file, what is wrong and the fix; the result's
+    C(node.checkpoints) says what was checked. A O(args) C(load_format) other than C(auto), C(safetensors) or
+    C(fastsafetensors) is noted, not checked.
   - Every holder of the target GPUs is classified as C(managed) (the managed server, by its PID file,
     unit, session or recorded session), C(adopted) (the unrecorded server on the managed port, or one
     named by O(adopt_pids) or O(adopt_patterns)), C(orphan) (a leftover whose session leader is gone),
@@ -338,6 +346,13 @@ node:
   returned: always
   type: dict
   contains:
+    checkpoints:
+      description:
+        - The checkpoint checks, by arg (C(model_path), C(speculative_draft_model_path)), each with C(path) and
+          C(checked); a checked one has C(ok), and C(file) (the first broken file) or C(files), C(tensors), C(bytes),
+          C(complete) and C(seconds).
+      returned: when a model directory was found
+      type: dict
     directories:
       description: The directories the server needs, each with C(path), C(ok) and what is wrong with it.
       returned: always

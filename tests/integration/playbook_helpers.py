@@ -51,6 +51,8 @@ import urllib.request
 
 import ansible_runner
 
+from gpusim.checkpoint import write_checkpoint
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SIM_BIN = REPO / "simulator" / "bin"
 SIM_PY = REPO / "simulator" / "python"
@@ -492,6 +494,7 @@ class SimNode(object):
         path = pathlib.Path(path)
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text(json.dumps(dict({"architectures": [arch]}, **extra)))
+        write_checkpoint(path, seed=path.name)          # weights and tokenizer: what the preflight checks
         return path
 
     @property

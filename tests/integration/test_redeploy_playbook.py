@@ -28,6 +28,7 @@ import pathlib
 
 import pytest
 
+from checkpoint_files import write_checkpoint
 from playbook_helpers import (FAST_SERVER_ENV, HOST, REPORT_KEYS, RESOLVED_SPEC, Procs, SimNode, alive, cmdline,
                               environ_of, http_get, session_members, starttime, wait_for)
 
@@ -338,6 +339,39 @@ def test_bad_configs_fail_at_preflight_and_the_server_keeps_serving(node):
         assert row["signalled"] == [] and row["rollback"] == {"status": "not_needed", "detail": None}
     assert len(run.report) == len(BAD_CONFIGS)
 
+    # The old server is the same process tree, still serving, and its GPUs are untouched.
+    assert node.server_pid() == pid and all(alive(p) for p in tree) and node.server_tree(pid) == tree
+    assert node.health() == 200
+    assert holds_by_pid(node) == holds and node.used() == used
+
+
+def test_a_truncated_shard_is_refused_at_preflight_and_the_server_keeps_serving(node):
+    """A checkpoint with a shard cut to half (an interrupted copy): the preflight reads the shard headers against the
+    file sizes and refuses, naming the shard, before anything is touched. The fake server would only fail on it
+    while loading (tests/unit/simulator/test_sglang_server.py), i.e. after the old server's teardown."""
+    pid = ensure_deployed(node)
+    tree = node.server_tree(pid)
+    holds = holds_by_pid(node)
+    used = node.used()
+    broken = node.models / "kimi-k2.5-truncated"
+    write_checkpoint(broken, config=(node.target / "config.json").read_text(), seed="truncated", shards=4)
+    shard = broken / "model-00003-of-00004.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) // 2])
+    run = node.run(host_vars=node.host_vars(sglang_server_args=node.server_args(model_path=str(broken))))
+    assert run.rc != 0
+    assert run.host_stats()["failures"] == 1 and run.host_stats()["changed"] == 0
+    failed = run.task_result(PREFLIGHT)
+    assert failed["failed"] is True and failed["lease"]["acquired"] is False
+    assert "the running server was not touched" in failed["msg"], failed["msg"]
+    expected = "sglang_server_args.model_path: the checkpoint %s cannot be served: %s: " % (broken, shard)
+    assert expected in failed["msg"] and "the file was cut short" in failed["msg"], failed["msg"]
+    for task in (REPLACE, SMOKE, PROMOTE):
+        assert not run.ran(task)
+    row = run.row()
+    assert_row_shape(row)
+    assert row["status"] == "failed" and row["step"] == "preflight" and expected in row["error"], row
+    assert row["signalled"] == [] and row["rollback"] == {"status": "not_needed", "detail": None}
     # The old server is the same process tree, still serving, and its GPUs are untouched.
     assert node.server_pid() == pid and all(alive(p) for p in tree) and node.server_tree(pid) == tree
     assert node.health() == 200

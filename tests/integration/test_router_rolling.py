@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from gpusim.checkpoint import write_checkpoint
+
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import HTTPConnectionError, request
 
 from launch_helpers import Procs, free_port, run_module_raw  # noqa: E402  (tests/integration is on sys.path)
@@ -116,6 +118,7 @@ def models(tmp_path):
     for name, arch in (("target", "Qwen3ForCausalLM"), ("draft", "LlamaForCausalLMEagle3")):
         (base / name).mkdir(parents=True)
         (base / name / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": "qwen3"}))
+        write_checkpoint(base / name, seed=name)          # weights and tokenizer: what the preflight checks
     return base
 
 

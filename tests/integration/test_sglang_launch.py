@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from gpusim.checkpoint import write_checkpoint
+
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as sglang_resolve
 
@@ -56,6 +58,7 @@ def models(tmp_path):
     for name, arch in (("target", "Qwen3ForCausalLM"), ("draft", "LlamaForCausalLMEagle3")):
         (base / name).mkdir(parents=True)
         (base / name / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": "qwen3"}))
+        write_checkpoint(base / name, seed=name)          # weights and tokenizer: what the preflight checks
     return base
 
 

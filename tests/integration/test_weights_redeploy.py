@@ -13,7 +13,7 @@ import json
 import pytest
 
 import playbook_helpers
-from checkpoint_files import SMALL_LAYOUT, write_weights
+from checkpoint_files import SMALL_LAYOUT, write_checkpoint, write_weights
 from playbook_helpers import FAST_SERVER_ENV, SimNode, alive, http_get
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def checkpoint(node, name, arch="DeepseekV3ForCausalLM", layout=None, **config):
     base.update(config)
     base["architectures"] = [arch]
     (path / "config.json").write_text(json.dumps(base))
-    write_weights(path, layout, seed=name)
+    write_checkpoint(path, layout=layout, seed=name)      # weights and the tokenizer files the node's model has
     return path
 
 

@@ -33,9 +33,14 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import we
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import ports as ports_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import node_or_mirror
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import serving
+from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import checkpoint as ckpt_mod
 
 
 WEIGHTS = "weights"
+# Load formats whose weights the checkpoint check reads (headers only); the others are named in a note.
+CHECKED_LOAD_FORMATS = ("auto", "safetensors", "fastsafetensors")
+# A checkpoint of very many shards on a slow file system: past this many seconds the rest is left unchecked (a note).
+CHECKPOINT_SECONDS = 120.0
 
 
 def replace_fields():
@@ -81,6 +86,7 @@ class Preflight(object):
         self.lease_opts = lease
         self.node = {}
         self.short_of_gpus = None
+        self.manager = None
         self.began = time.monotonic()
 
     def problem(self, text):
@@ -147,12 +153,16 @@ class Preflight(object):
             arch, err = pf.read_arch(str(model_path))
             if err:
                 self.problem("sglang_server_args.model_path: %s %s on this node; copy the model there or fix the path" % (model_path, err))
+            else:
+                self.check_checkpoint("model_path", str(model_path), args)
         draft = args.get("speculative_draft_model_path")
         if draft:
             draft_arch, err = pf.read_arch(str(draft))
             if err:
                 self.problem("sglang_server_args.speculative_draft_model_path: %s %s on this node; copy the draft model there "
                              "or fix the path" % (draft, err))
+            elif str(draft) != str(model_path):
+                self.check_checkpoint("speculative_draft_model_path", str(draft), args, draft=True)
         self.node.update(arch=arch, draft_arch=draft_arch)
         env = dict((str(k), str(v)) for k, v in (p["env"] or {}).items())
         resolved = node_or_mirror.resolve_for_node(
@@ -161,6 +171,61 @@ class Preflight(object):
         for error in resolved.get("errors") or []:
             self.problem(error)
         return resolved
+
+    def service_ids(self):
+        """``(uid, gids)`` the server will run as: O(user)/O(group) under systemd (User=, Group=, the user's groups),
+        else this module's user (a process-managed server runs as it); None when unknown."""
+        user, group = (self.p["user"], self.p["group"]) if self.manager == "systemd" else ("", "")
+        try:
+            if user:
+                pw = pwd.getpwuid(int(user)) if str(user).isdigit() else pwd.getpwnam(str(user))
+                uid, gid = pw.pw_uid, pw.pw_gid
+                gids = set(os.getgrouplist(pw.pw_name, gid))
+            else:
+                uid, gid = os.geteuid(), os.getegid()
+                gids = set(os.getgroups()) | {gid}
+            if group:
+                # The unit's Group= (or the launch's setgid) replaces the primary group; the supplementary ones stay.
+                gids.discard(gid)
+                gids.add(int(group) if str(group).isdigit() else grp.getgrnam(str(group)).gr_gid)
+        except (KeyError, OSError, ValueError):
+            return None      # an unknown user or group: the launch plan names it
+        return uid, gids
+
+    def check_checkpoint(self, field, path, args, draft=False):
+        """The checkpoint at ``path`` as the server will load it (sglang/checkpoint.py): the first broken file is a
+        problem naming the variable, the file, what is wrong and the fix; nothing is read beyond the headers."""
+        load_format = str(args.get("load_format") or "auto")
+        checks = self.node.setdefault("checkpoints", {})
+        if load_format not in CHECKED_LOAD_FORMATS:
+            self.notes.append("sglang_server_args.%s: load_format %s, the checkpoint's weight files were not checked (only "
+                              "the safetensors formats %s are)" % (field, load_format, ", ".join(CHECKED_LOAD_FORMATS)))
+            checks[field] = {"path": path, "checked": False}
+            return
+        ids = self.service_ids()
+        tokenizer = args.get("tokenizer_path")
+        # The draft worker takes the target's tokenizer; a tokenizer_path elsewhere is checked as a tokenizer only.
+        skip = bool(draft or args.get("skip_tokenizer_init") or (tokenizer and str(tokenizer) != path))
+        try:
+            info = ckpt_mod.verify(path, what=field, uid=ids[0] if ids else None, gids=ids[1] if ids else (),
+                                   skip_tokenizer_init=skip, deadline=time.monotonic() + CHECKPOINT_SECONDS)
+        except ckpt_mod.CheckpointError as exc:
+            checks[field] = {"path": path, "checked": True, "ok": False, "file": exc.path}
+            self.problem("sglang_server_args.%s: the checkpoint %s cannot be served: %s (SGLang would fail on it only while "
+                         "loading, after the running server is gone; nothing was touched)" % (field, path, exc))
+            return
+        checks[field] = dict(info, path=path, checked=True, ok=True)
+        if not draft and tokenizer and str(tokenizer) != path and os.path.isdir(str(tokenizer)):
+            problem = ckpt_mod.tokenizer_problem(str(tokenizer), bool(args.get("skip_tokenizer_init")))
+            if problem:
+                self.problem("sglang_server_args.tokenizer_path: %s; copy the tokenizer files there or fix the path (SGLang "
+                             "would fail on it only while loading; nothing was touched)" % problem)
+        if not info["complete"]:
+            self.notes.append("sglang_server_args.%s: the checkpoint %s has more shards than %d s allow to check; the rest "
+                              "was not checked" % (field, path, CHECKPOINT_SECONDS))
+        if ids is None:
+            self.notes.append("sglang_server_args.%s: the server's user or group is unknown on this node, so read access "
+                              "to %s was not checked" % (field, path))
 
     # ------------------------------------------------------------------
     def inspect_server(self, launcher, selected, table=None):
@@ -471,6 +536,7 @@ class Preflight(object):
         elif manager == "systemd" and not is_systemd:
             self.problem("sglang_server_manager: systemd is not running on this node (PID 1 is not systemd); set "
                          "sglang_server_manager: process or auto")
+        self.manager = manager
         snap, selected = self.snapshot()
         gpus = [gpu_query.summarize(g) for g in selected]
         gpu = pf.gpu_facts(selected)

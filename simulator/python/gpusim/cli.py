@@ -267,6 +267,16 @@ def cmd_status(a) -> int:
     return 0
 
 
+def cmd_checkpoint(a) -> int:
+    from . import checkpoint
+    try:
+        files = checkpoint.write_checkpoint(a.directory, seed=a.seed, shards=a.shards)
+    except OSError as e:
+        return _die("cannot write a checkpoint into %s: %s" % (a.directory, e.strerror or e))
+    print(json.dumps({"directory": a.directory, "files": files}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpusim", description="Control the simulated GPU node in $GPUSIM_ROOT "
@@ -372,6 +382,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "idle_used_mib", "reserved_mib", "mig_mode", "pci_bus_id"])
     s.add_argument("--value", required=True)
     s.set_defaults(fn=cmd_set)
+
+    s = sub.add_parser("checkpoint", help="write a tiny valid checkpoint (safetensors weights, tokenizer files) "
+                                          "into a model directory; its config.json is left as it is")
+    s.add_argument("directory")
+    s.add_argument("--seed", default="1", help="the weights' bytes (same shapes for every seed)")
+    s.add_argument("--shards", type=_nonneg_int, default=1, help="more than 1: shards and model.safetensors.index.json")
+    s.set_defaults(fn=cmd_checkpoint)
 
     s = sub.add_parser("status", help="JSON: GPUs, holds with liveness, driver state")
     s.add_argument("--pretty", action="store_true")

@@ -28,6 +28,7 @@ from sglang_helpers import (  # noqa: E402 - after this directory is put on sys.
     free_port, is_resource_tracker, make_model, sglang_titles, wait_for,
 )
 
+from gpusim.checkpoint import write_checkpoint  # noqa: E402 - needs simulator/python on sys.path (conftest)
 from sglang.srt import resolution, yaml_subset  # noqa: E402 - needs simulator/python on sys.path (conftest)
 from sglang.srt.server_args import ConfigArgumentMerger, build_parser, prepare_server_args  # noqa: E402 - needs simulator/python on sys.path (conftest)
 from sglang.srt.sim_config import VERSION_NAMES, Knobs, version_tuple  # noqa: E402 - needs simulator/python on sys.path (conftest)
@@ -938,6 +939,39 @@ class TestFaultKnobs:
         assert "Scheduler hit an exception: Traceback (most recent call last):" in log
         assert "RuntimeError: Error(s) in loading state_dict" in log
         wait_for(lambda: node.compute_apps() == [], 10, what="memory released")
+
+    @pytest.mark.parametrize("damage", ["missing", "truncated", "draft-truncated"])
+    def test_a_missing_or_truncated_shard_fails_the_load_naming_it(self, start, node, tmp_path, damage):
+        """What the preflight's checkpoint check prevents: the server fails while loading, after the teardown."""
+        ckpt = tmp_path / "models" / "sharded"
+        write_checkpoint(ckpt, config={"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}, shards=3)
+        shard = ckpt / "model-00002-of-00003.safetensors"
+        args = ["--model-path", str(ckpt), "--tp-size", "2"]
+        if damage == "draft-truncated":
+            draft = tmp_path / "models" / "draft"
+            write_checkpoint(draft, config={"architectures": ["LlamaForCausalLMEagle3"]}, shards=3)
+            shard = draft / "model-00002-of-00003.safetensors"
+            args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
+                     "--speculative-num-steps", "1", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2"]
+        if damage == "missing":
+            shard.unlink()
+        else:
+            data = shard.read_bytes()
+            shard.write_bytes(data[:len(data) // 2])
+        srv, rc = run_to_exit(start, args, with_model=False)
+        assert rc not in (0, None)
+        log = srv.log()
+        assert "Scheduler hit an exception: Traceback (most recent call last):" in log
+        line = [text for text in log.splitlines() if text.startswith("RuntimeError: Failed to load the checkpoint")]
+        assert line and str(shard) in line[0], log[-2000:]
+        assert ("No such file or directory" if damage == "missing" else "MetadataIncompleteBuffer") in line[0]
+        wait_for(lambda: node.compute_apps() == [], 10, what="memory released")
+
+    def test_a_complete_sharded_checkpoint_loads(self, start, tmp_path):
+        ckpt = tmp_path / "models" / "sharded"
+        write_checkpoint(ckpt, config={"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}, shards=3)
+        srv = start(["--model-path", str(ckpt)], with_model=False)
+        srv.wait_healthy()
 
     def test_hang_on_load_never_listens(self, start):
         srv = start([], env={"SGLANG_SIM_HANG": "load"})

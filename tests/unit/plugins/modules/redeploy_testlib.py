@@ -30,6 +30,7 @@ from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from gpusim.checkpoint import write_checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[4]
 SIM_BIN = REPO / "simulator" / "bin"
@@ -155,6 +156,8 @@ class Node(object):
             text = json.dumps({"architectures": [arch], "model_type": "x"})
         if text is not None:
             (path / "config.json").write_text(text)
+            # A model the preflight accepts: valid tiny safetensors weights and tokenizer files (the shared writer).
+            write_checkpoint(path, seed=name)
         return str(path)
 
     # -- the server's launch, as the role passes it to sglang_replace ------------

@@ -20,9 +20,12 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -31,6 +34,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from gpusim.checkpoint import write_checkpoint  # noqa: E402 - the shared writer
 from redeploy_testlib import NVIDIA_SMI, SIM_PY, node_context, run_module, starttime  # noqa: E402 - after sys.path
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
@@ -725,3 +729,144 @@ def test_values_sglang_accepts_but_cannot_serve_are_refused(node, run, field, va
     assert len(res["problems"]) == 1, res["problems"]
     assert res["problems"][0].startswith("sglang_server_args.%s: must be " % field)
     assert res["lease"]["acquired"] is False
+
+
+# -- the checkpoint, checked as the server will load it (sglang/checkpoint.py; issue 26) -------------------------
+def _sharded(node, name, shards=3, arch="Qwen2ForCausalLM"):
+    path = node.tmp / name
+    write_checkpoint(path, config={"architectures": [arch], "model_type": "x"}, seed=name, shards=shards)
+    return path
+
+
+def _refused(node, run, res, field, path, *words):
+    """A real run refused before the lease: one problem naming the variable and the file; nothing written."""
+    assert res["failed"] is True and res["lease"]["acquired"] is False
+    text = [p for p in res["problems"] if p.startswith("sglang_server_args.%s: the checkpoint " % field)]
+    assert len(text) == 1, res["problems"]
+    assert str(path) in text[0] and "nothing was touched" in text[0], text[0]
+    for word in words:
+        assert word in text[0], text[0]
+    assert not node.lease_path.exists() and not (node.state_dir / "journal.json").exists()
+    assert not (node.config_dir / "candidate").exists()
+    return text[0]
+
+
+def test_a_complete_checkpoint_passes_and_is_reported(node, run):
+    model = _sharded(node, "sharded")
+    res = run(check=True, args={"model_path": str(model), "host": "127.0.0.1", "port": node.port})
+    assert res["problems"] == [], res["problems"]
+    check = res["node"]["checkpoints"]["model_path"]
+    assert check["ok"] is True and check["complete"] is True and check["files"] == 3 and check["tensors"] == 10
+    assert check["bytes"] == sum(p.stat().st_size for p in model.glob("*.safetensors"))
+
+
+def test_a_shard_the_index_names_but_missing_is_refused_naming_it(node, run):
+    model = _sharded(node, "noshard")
+    (model / "model-00002-of-00003.safetensors").unlink()
+    res = run(args={"model_path": str(model), "host": "127.0.0.1", "port": node.port})
+    _refused(node, run, res, "model_path", model / "model-00002-of-00003.safetensors",
+             "is named by model.safetensors.index.json but missing", "copy it from the checkpoint's source")
+
+
+def test_a_truncated_shard_is_refused_naming_it(node, run):
+    model = _sharded(node, "truncated")
+    shard = model / "model-00003-of-00003.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) // 2])
+    res = run(args={"model_path": str(model), "host": "127.0.0.1", "port": node.port})
+    _refused(node, run, res, "model_path", shard, "copy it again")
+
+
+def test_a_shard_whose_header_is_not_json_is_refused_naming_it(node, run):
+    model = _sharded(node, "badheader")
+    shard = model / "model-00001-of-00003.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[8:12] = b"}}}}"                      # the header's length and the file's size stay
+    shard.write_bytes(bytes(data))
+    res = run(args={"model_path": str(model), "host": "127.0.0.1", "port": node.port})
+    _refused(node, run, res, "model_path", shard, "the header is not JSON", "copy it again")
+
+
+def test_a_missing_tokenizer_file_is_refused_naming_it(node, run):
+    model = _sharded(node, "notokenizer", shards=1)
+    (model / "tokenizer.json").unlink()
+    res = run(args={"model_path": str(model), "host": "127.0.0.1", "port": node.port})
+    _refused(node, run, res, "model_path", model / "tokenizer.json", "PreTrainedTokenizerFast", "tokenizer.json is missing",
+             "set tokenizer_path")
+    # The tokenizer from elsewhere (tokenizer_path): the model's own is not needed, the one there is checked.
+    res = run(check=True, args={"model_path": str(model), "tokenizer_path": str(node.model), "host": "127.0.0.1",
+                                "port": node.port})
+    assert res["problems"] == [], res["problems"]
+    res = run(check=True, args={"model_path": node.model, "tokenizer_path": str(model), "host": "127.0.0.1", "port": node.port})
+    assert res["problems"] == ["sglang_server_args.tokenizer_path: %s asks for a fast tokenizer (PreTrainedTokenizerFast), but "
+                               "tokenizer.json is missing; copy the tokenizer files there or fix the path (SGLang would fail "
+                               "on it only while loading; nothing was touched)" % (model / "tokenizer_config.json")]
+
+
+def test_a_model_directory_without_weights_is_refused(node, run):
+    bare = node.tmp / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    res = run(args={"model_path": str(bare), "host": "127.0.0.1", "port": node.port})
+    _refused(node, run, res, "model_path", bare, "holds no weights", "Cannot find any model weights",
+             "copy the checkpoint there")
+
+
+def test_a_broken_draft_model_is_refused_naming_the_draft_variable(node, run):
+    draft = _sharded(node, "draftbroken", shards=2, arch="LlamaForCausalLMEagle3")
+    shard = draft / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-5])
+    (draft / "tokenizer.json").unlink()       # the draft worker uses the target's tokenizer: not a problem
+    args = {"model_path": node.model, "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(draft),
+            "speculative_eagle_topk": 1, "speculative_num_steps": 1, "speculative_num_draft_tokens": 2,
+            "host": "127.0.0.1", "port": node.port}
+    res = run(args=args)
+    text = _refused(node, run, res, "speculative_draft_model_path", shard, "cut short")
+    assert "tokenizer" not in text and len(res["problems"]) == 1
+    assert res["node"]["checkpoints"]["model_path"]["ok"] is True
+
+
+def test_a_load_format_that_reads_no_safetensors_is_noted_not_checked(node, run):
+    bare = node.tmp / "dummy"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    res = run(check=True, args={"model_path": str(bare), "load_format": "dummy", "host": "127.0.0.1", "port": node.port})
+    assert res["problems"] == [], res["problems"]
+    assert res["node"]["checkpoints"]["model_path"] == {"path": str(bare), "checked": False}
+    assert any("load_format dummy, the checkpoint's weight files were not checked" in n for n in res["notes"])
+
+
+def test_a_shard_the_service_user_cannot_read_is_refused(node, run, monkeypatch, tmp_path):
+    # The server's user (systemd User=nobody), not this test's (root reads everything): a world-searchable
+    # directory of its own, so that only the shard's mode bits decide.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text('#!/bin/sh\nprintf "LoadState=not-found\\nActiveState=inactive\\nMainPID=0\\n'
+                                      'NeedDaemonReload=no\\n"\n')
+    (bindir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
+    monkeypatch.setattr(plan_mod.systemd, "running", lambda root="/run/systemd/system": True)
+    units = tmp_path / "units"
+    units.mkdir()
+    base = tempfile.mkdtemp(prefix="gpufleet-ckpt-")
+    try:
+        os.chmod(base, 0o755)
+        model = os.path.join(base, "model")
+        write_checkpoint(model, config={"architectures": ["Qwen2ForCausalLM"]}, shards=2)
+        os.chmod(model, 0o755)
+        for name in os.listdir(model):
+            os.chmod(os.path.join(model, name), 0o644)
+        args = {"model_path": model, "host": "127.0.0.1", "port": node.port}
+        res = run(check=True, manager="systemd", unit_dir=str(units), user="nobody", group="nogroup", args=args)
+        assert res["problems"] == [], res["problems"]
+        shard = os.path.join(model, "model-00002-of-00002.safetensors")
+        os.chmod(shard, 0o600)
+        res = run(check=True, manager="systemd", unit_dir=str(units), user="nobody", group="nogroup", args=args)
+        text = [p for p in res["problems"] if p.startswith("sglang_server_args.model_path: the checkpoint ")]
+        assert len(text) == 1 and shard in text[0], res["problems"]
+        assert "uid %d" % pwd.getpwnam("nobody").pw_uid in text[0] and "give it read access" in text[0]
+        # A process-managed server runs as this module's user (root here): the same shard is readable to it.
+        res = run(check=True, args=args)
+        assert res["problems"] == [], res["problems"]
+    finally:
+        shutil.rmtree(base)

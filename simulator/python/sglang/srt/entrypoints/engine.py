@@ -288,6 +288,9 @@ class Engine(Measured0523, EngineMetrics):
                 "max_prefill_tokens": sa.values.get("max_prefill_tokens") or 16384,
                 "max_running_requests": max(1, (sa.max_running_requests or 4096) // self.dp_size),
                 "context_len": self.context_length,
+                # What the loader opens: the checkpoint (and the draft's), checked at load (gpusim/checkpoint.py).
+                "model_path": sa.model_path, "draft_model_path": sa.speculative_draft_model_path,
+                "load_format": sa.values.get("load_format") or "auto",
             })
             proc, sock = utils.spawn_child(r["title"], "sglang.srt.managers.scheduler", payload)
             entry = (proc, f"scheduler_{n}", utils.JsonLines(sock))

@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 
+from gpusim.checkpoint import load_problem
 from sglang.srt import utils
 
 logger = logging.getLogger("sglang.srt.managers.scheduler")
@@ -110,6 +111,12 @@ class ModelRunner:
         self._open_device_files()
         logger.info("Load weight begin. avail mem=%.2f GB", _gib(avail))
         self._allocate(cfg["weights_mib"])
+        for path in (cfg.get("model_path"), cfg.get("draft_model_path")):
+            # The loader opens the shards the index names: a missing or truncated one fails the load, naming it
+            # (a directory without any safetensors is tolerated here; the preflight refuses it).
+            problem = load_problem(path, cfg.get("load_format") or "auto") if path else None
+            if problem:
+                raise RuntimeError("Failed to load the checkpoint %s: %s" % (path, problem))
         if cfg["crash_on_load"]:
             # A load that fails does so at its end, after the load time (SGLANG_SIM_STARTUP_S): the other ranks of a
             # multi-node group have joined by then, as on a real node where loading takes minutes.
