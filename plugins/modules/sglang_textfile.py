@@ -131,7 +131,7 @@ def main():
             status=dict(type="str", required=True, choices=list(textfile_mod.STATUSES)),
             mode=dict(type="str", choices=["restart", "weights"]),
             outage_s=dict(type="float"),
-            tokens_per_s=dict(type="float"),
+            tokens_per_s=dict(type="float", no_log=False),      # a figure, not a token
             accept_length=dict(type="float"),
             config_dir=dict(type="path"),
             on_error=dict(type="str", default="fail", choices=["fail", "warn"]),
