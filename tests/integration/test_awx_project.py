@@ -199,6 +199,12 @@ def test_the_project_runs_the_runner_example_from_the_installed_tarball(job, ins
     new_pid = node.server_pid()
     assert new_pid and alive(new_pid)
     assert {k: node.server_info()[k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
+    # set_stats: what AWX shows as the job's artifacts, in the runner's playbook_on_stats event (docs/awx.md).
+    for job_run, status in ((check, "planned"), (run, "deployed")):
+        stats = [e["event_data"] for e in job_run["events"] if e.get("event") == "playbook_on_stats"]
+        published = stats[-1]["artifact_data"]["gpufleet_sglang_redeploy"]
+        assert list(published) == ["node1"] and published["node1"]["status"] == status, published
+    assert published["node1"]["mode"] == "restart" and published["node1"]["tokens_per_s"] > 0, published
     for path in run["artifacts"].rglob("*"):                                # the API key reached no artifact
         if path.is_file():
             assert node.api_key not in path.read_text(errors="replace"), path
