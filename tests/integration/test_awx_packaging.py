@@ -180,8 +180,8 @@ def test_ansible_builder_create_offline(tmp_path):
         names = set(tar.getnames())
     info = manifest["collection_info"]
     assert (info["namespace"], info["name"], info["version"]) == (g["namespace"], g["name"], g["version"])
-    for needed in ("plugins/modules/sglang_router_worker.py", "playbooks/redeploy.yml", "roles/sglang_redeploy/tasks/router_remove.yml",
-                   "roles/sglang_redeploy/tasks/router_add.yml", "roles/sglang_server/meta/argument_specs.yml"):
+    for needed in ("plugins/modules/sglang_router_worker.py", "playbooks/redeploy.yml", "roles/sglang_router/tasks/remove.yml",
+                   "roles/sglang_router/tasks/add.yml", "roles/sglang_server/meta/argument_specs.yml"):
         assert needed in names, needed
 
     # The galaxy stage, offline: `cd /build && ansible-galaxy collection install -r requirements.yml`.
@@ -280,7 +280,7 @@ def test_router_and_survey_variables_are_all_declared():
     declared = declared_variables()
     registered = {"sglang_router_worker_url_effective", "sglang_router_remove_result", "sglang_router_drain_result",
                   "sglang_router_add_result", "sglang_router_worker_config_effective"}
-    for rel in ("roles/sglang_redeploy/tasks/router_remove.yml", "roles/sglang_redeploy/tasks/router_add.yml"):
+    for rel in ("roles/sglang_router/tasks/remove.yml", "roles/sglang_router/tasks/add.yml"):
         for name in set(re.findall(r"(?<![.\w])sglang_router_[a-z_]+", (REPO / rel).read_text())) - registered:
             assert name in declared, "%s reads %s, which docs/awx/variables.yml does not declare" % (rel, name)
     project = (AWX / "runner-example" / "project" / "redeploy.yml").read_text()
