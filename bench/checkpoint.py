@@ -50,7 +50,7 @@ def run(opts, workdir):
                          layout=dict((n, layout[n]) for n in names))
         load = c.loadavg()
         cold, warm, info = [], [], None
-        for _ in range(RUNS):
+        for _run in range(RUNS):
             _drop_cache(directory)
             tic = time.perf_counter()
             info = verify(directory, uid=os.geteuid(), gids=os.getgroups())

@@ -7,3 +7,6 @@ from __future__ import annotations
 
 from gpusim.checkpoint import (BYTES, SMALL_LAYOUT, load_problem, safetensors_bytes, tensor_bytes,  # noqa: F401
                                write_checkpoint, write_safetensors, write_weights)
+
+__all__ = ["BYTES", "SMALL_LAYOUT", "load_problem", "safetensors_bytes", "tensor_bytes", "write_checkpoint",
+           "write_safetensors", "write_weights"]

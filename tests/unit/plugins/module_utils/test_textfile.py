@@ -59,7 +59,7 @@ def parse(text):
         else:
             raise AssertionError("line %d is not valid exposition format: %r" % (number, line))
     for name, fam in families.items():
-        seen = [tuple(sorted(labels.items())) for labels, _ in fam["samples"]]
+        seen = [tuple(sorted(labels.items())) for labels, _value in fam["samples"]]
         assert len(seen) == len(set(seen)), "%s repeats a label set" % name
     return families
 
@@ -101,7 +101,7 @@ def test_render_is_valid_exposition_with_every_metric():
         "deployed": 1, "unchanged": 0, "rolled_back": 0, "failed": 0}
     assert {lab["mode"]: v for lab, v in fams["sglang_redeploy_last_mode"]["samples"]} == {
         "restart": 1, "weights": 0, "none": 0}
-    assert all(lab["server"] == "main" for f in fams.values() for lab, _ in f["samples"])
+    assert all(lab["server"] == "main" for f in fams.values() for lab, _value in f["samples"])
     other = _with_prometheus_client(text)
     if other is not None:
         assert sorted(other) == sorted(n[:-len("_total")] if n.endswith("_total") else n for n in fams)
