@@ -6,7 +6,9 @@ SGLang 0.5.23 server does, and the simulator made to agree (each test runs on bo
   crash diagnostics (5 s, then 60 s while a scheduler lives, the port in LISTEN and nothing answering), and the stop
   copes with a server sleeping in them (SIGTERM, then SIGKILL);
 - c. a 2xx from the port is not proof: with a port conflict the loser's warmup reaches the incumbent (and it logs
-  "fired up"), so the gate checks that the listener is in the candidate's process tree and fails when it is not.
+  "fired up"), so the gate checks that the listener is in the candidate's process tree and fails when it is not;
+- e. a server started as ``sglang serve`` is recognised (a PID file without a record) and drained by its root (real
+  only: the simulator has no console script).
 
 The engine runs here as the modules run it (``Launcher``: plan, write_files, start, wait_healthy, stop), with the
 interpreter of the kind under test; every PID it starts goes into the fleet's registry (killed at the end).
@@ -16,10 +18,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
+from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown as drain
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
 
@@ -174,4 +179,52 @@ def test_c_a_200_from_an_incumbent_on_the_port_is_not_the_candidate_being_health
     servers.sh.wait_for(lambda: [a["pid"] for a in fleet.node.compute_apps()] ==
                         [p for p in servers.sh.children(incumbent.pid) if servers.sh.cmdline(p)[0] == "sglang::scheduler"],
                         timeout=15, what="only the incumbent on the GPUs")
+    _no_standin_calls(tmp_path)
+
+
+def test_e_a_real_server_started_as_sglang_serve_is_recognised_and_drained_by_its_root(fleet, tmp_path, monkeypatch):
+    # `sglang serve` (0.5.23's recommended entry point) runs the server in the console script's own process. Real only:
+    # the simulator has no console script; its command line is [python, .../bin/sglang, serve, ...] through the shebang.
+    python = real_env.ensure(log=lambda *_: None)
+    script = python.parent / "sglang"
+    port = servers.sh.free_port()
+    env = fleet.node.env(dict(servers.REAL_ENV, CUDA_VISIBLE_DEVICES="0", GPUFLEET_STANDIN_CALLS=str(tmp_path / "standin-calls"),
+                              PATH="%s:%s" % (servers.sh.SIM_BIN, os.environ.get("PATH", ""))))
+    env.pop("PYTHONPATH", None)
+    argv = [str(script), "serve", "--model-path", fleet.models.path("base"), "--host", "127.0.0.1", "--port", str(port),
+            "--max-total-tokens", "8192", "--nccl-port", str(servers.sh.free_port())]
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    fleet.registry.add(proc.pid)
+    try:
+        servers.sh.wait_for(lambda: proc.poll() is not None or servers.READY_LINE in log_path.read_text(errors="replace"),
+                            timeout=240, interval=0.2, what="sglang serve to be ready")
+        assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+        fleet.registry.add_tree(proc.pid)
+        cmd = sp.cmdline(proc.pid)
+        assert cmd[1:3] == [str(script), "serve"] and engine.is_server_argv(cmd), cmd
+        # A PID file without a launch record names it: the launcher takes it for the server.
+        launcher = _engine("real", fleet, tmp_path, monkeypatch, port=port)
+        sp.ensure_dir(os.path.dirname(launcher.pid_file))
+        with open(launcher.pid_file, "w") as fh:
+            fh.write("%d\n" % proc.pid)
+        cur = launcher.current()
+        assert cur["pid"] == proc.pid and cur["source"] == "pid_file (no launch record)", cur
+        # As a GPU holder: the drain walks from its scheduler to the `sglang serve` process and stops it there.
+        apps = fleet.node.compute_apps()
+        assert len(apps) == 1 and apps[0]["pid"] in servers.sh.children(proc.pid)
+        monkeypatch.setenv("GPUSIM_ROOT", fleet.node.root)
+        params = drain.defaults()
+        params.update(gpus=[0], device_paths=[os.path.join(fleet.node.root, "dev", "nvidia*")], term_timeout=60,
+                      kill_timeout=15)
+        res = drain.run_drain(params, gpu_target.subprocess_run())
+        by_pid = dict((e["pid"], e) for e in res["signalled"])
+        assert by_pid[proc.pid]["role"] == "root" and by_pid[proc.pid]["signals"] == ["SIGTERM"], res["signalled"]
+        assert res["survivors"] == [] and proc.wait(timeout=30) == 0
+        servers.sh.wait_for(lambda: fleet.node.compute_apps() == [], timeout=10, what="the GPU to be free")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
     _no_standin_calls(tmp_path)
