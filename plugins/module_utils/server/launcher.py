@@ -874,11 +874,19 @@ class Launcher(object):
         if started:
             grace = min(float(self.p["stop_timeout"]), CRASH_STOP_GRACE_S)
             try:
+                # By PID for a unit too: `systemctl stop` would wait its TimeoutStopSec for a server that does not act on
+                # SIGTERM in its diagnostics; the stop after it only settles the unit (nothing is left to signal).
+                report = sp.stop_tree(pid, start, timeout=grace, is_child=is_child)
                 if self.manager == "systemd":
-                    report = self.stop({"pid": pid, "start": start})
+                    try:
+                        systemd.stop(self.run, self.systemctl(), self.unit)
+                    except systemd.SystemdError as exc:
+                        self.ctx.warn("the crashed server's processes are stopped, but %s" % exc)
                 else:
-                    report = sp.stop_tree(pid, start, timeout=grace, is_child=is_child)
                     sp.remove_quietly(self.pid_file)
+                if report["still_running"]:
+                    raise LaunchError("PIDs %s survived SIGKILL (uninterruptible sleep or PID 1 in a container?)"
+                                      % report["still_running"], stop=report)
                 res["stop"] = report
                 what = "stopped it (pid %d: SIGTERM, then SIGKILL after %s s) so that it does not hold the GPUs" % (
                     pid, num_text(grace))

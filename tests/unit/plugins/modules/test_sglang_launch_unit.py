@@ -746,9 +746,13 @@ def test_flow_crash_before_healthy(world, tmp_path, monkeypatch):
     assert "pid" not in res and "server_exited" not in res
 
 
-def test_flow_a_crashed_candidate_fails_at_once_and_is_stopped_even_with_keep_on_failure(world, tmp_path, monkeypatch):
+@pytest.mark.parametrize("manager", ["process", "systemd"])
+def test_flow_a_crashed_candidate_fails_at_once_and_is_stopped_even_with_keep_on_failure(world, tmp_path, monkeypatch,
+                                                                                         manager):
     """Its detokenizer is gone while its main process runs (0.5.23's crash diagnostics: the port listens, nothing
-    answers): the gate fails at once, well before health_timeout, and stops it (SIGTERM, SIGKILL after 5 s)."""
+    answers): the gate fails at once, well before health_timeout, and stops it by PID (SIGTERM, SIGKILL after 5 s; a
+    unit is stopped by PID too, then `systemctl stop` settles it)."""
+    main = FAKE_PID if manager == "process" else FAKE_PID + 50
     world.health = ["timeout"]
     kids = {FAKE_PID + 7: "sglang::detokenizer", FAKE_PID + 8: "sglang::scheduler"}
     polls = {"n": 0}
@@ -778,15 +782,16 @@ def test_flow_a_crashed_candidate_fails_at_once_and_is_stopped_even_with_keep_on
         world.cmdlines[kid] = [title]
     monkeypatch.setattr(engine.sp, "tree", tree)
     monkeypatch.setattr(engine.sp, "stop_tree", stop_tree)
-    monkeypatch.setattr(engine, "_parent_of", lambda pid: FAKE_PID)
+    monkeypatch.setattr(engine, "_parent_of", lambda pid: main)
     monkeypatch.setattr(engine, "CRASH_EXIT_WAIT_S", 0.3)
     monkeypatch.setattr(engine.http, "request", request)
-    res = launch(monkeypatch, base_params(tmp_path, health_timeout=600, keep_on_failure=True))
+    res = launch(monkeypatch, base_params(tmp_path, health_timeout=600, keep_on_failure=True, manager=manager))
     assert res["failed"] is True and "crashed" in res["msg"] and "did not become healthy" not in res["msg"], res["msg"]
     assert res["crashed"] == "its process sglang::detokenizer (PID %d) is gone while the main process %d still runs" % (
-        FAKE_PID + 7, FAKE_PID)
+        FAKE_PID + 7, main)
     assert "SIGTERM, then SIGKILL after 5 s" in res["msg"] and stops == [5.0]
-    assert res["stop"]["signalled"] == [FAKE_PID] and FAKE_PID not in world.procs
+    assert res["stop"]["signalled"] == [main] and main not in world.procs
+    assert (["/usr/bin/systemctl", "stop", "--", "sglang-unit.service"] in world.commands) is (manager == "systemd")
 
 
 def test_flow_a_200_from_another_process_on_the_port_is_not_health(world, tmp_path, monkeypatch):
