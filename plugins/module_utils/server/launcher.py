@@ -908,7 +908,10 @@ class Launcher(object):
         state = {"last": "no answer yet", "exit": None, "healthy": False, "members": sp.tree(pid), "crash": None,
                  "impostor": None}
         deadline = wait.Deadline(timeout)
-        watch = CrashWatch(self.log_file if self.log_file and os.path.exists(self.log_file) else None, log_offset)
+        # The log of this start only; for a server this run did not start, only what it logs from now on (the log file
+        # also holds the lines of earlier servers, their crashes included).
+        watch_log = self.log_file if self.log_file and os.path.exists(self.log_file) else None
+        watch = CrashWatch(watch_log, log_offset if started else sp.log_size(watch_log) if watch_log else 0)
 
         def probe():
             if on_poll is not None:

@@ -794,6 +794,22 @@ def test_flow_a_crashed_candidate_fails_at_once_and_is_stopped_even_with_keep_on
     assert (["/usr/bin/systemctl", "stop", "--", "sglang-unit.service"] in world.commands) is (manager == "systemd")
 
 
+def test_flow_the_crash_lines_of_earlier_servers_in_the_log_do_not_fail_a_running_one(world, tmp_path, monkeypatch):
+    world.info = dict(INCIDENT, port=31111)
+    params = base_params(tmp_path)
+    assert launch(monkeypatch, params)["failed"] is False
+    log = tmp_path / "state" / "server.log"
+    with open(str(log), "a") as fh:                 # what a server before it logged when it crashed
+        fh.write("[2026-12-06 20:00:00] Scheduler hit an exception: Traceback (most recent call last):\n")
+    again = launch(monkeypatch, params)               # the same server, already running: the gate runs again
+    assert again["failed"] is False and again["action"] == "none", again.get("msg")
+    log.write_text("")                               # a fresh start reads its own lines only (after its header)
+    with open(str(log), "a") as fh:
+        fh.write("[2026-12-06 20:00:00] Scheduler hit an exception: old\n")
+    restart = launch(monkeypatch, dict(params, args=dict(INCIDENT, port=31111, mem_fraction_static=0.7)))
+    assert restart["failed"] is False and restart["action"] == "restart", restart.get("msg")
+
+
 def test_flow_a_200_from_another_process_on_the_port_is_not_health(world, tmp_path, monkeypatch):
     """The loser of a port conflict: the incumbent (PID 4242) answers 200 until the candidate exits 3."""
     world.exit_status = {"code": 3}
