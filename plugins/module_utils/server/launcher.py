@@ -351,7 +351,7 @@ class CrashWatch(object):
         dp_titles = ("sglang::data_parallel_controller", "sglang::data_pa")
         controllers = set([main_pid]) | set(p for p, (_s, role) in self.children.items() if role.startswith(dp_titles))
         roles = {}
-        for pid, start in members:
+        for pid, dummy in members:
             if pid != main_pid and pid not in self.children:
                 roles[pid] = self.role_of(pid)
                 if (roles[pid] or "").startswith(dp_titles):
