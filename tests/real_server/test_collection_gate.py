@@ -160,13 +160,13 @@ def test_b_a_candidate_whose_detokenizer_died_fails_at_once_and_is_stopped_throu
 @pytest.mark.parametrize("kind", KINDS)
 def test_c_a_200_from_an_incumbent_on_the_port_is_not_the_candidate_being_healthy(fleet, kind, tmp_path, monkeypatch):
     port = servers.sh.free_port()
-    # The simulated candidate loads for 5 s, so that the incumbent (on GPU 1) takes the port first, as it does for the
-    # real one (its imports alone take 25 s).
-    launcher = _engine(kind, fleet, tmp_path, monkeypatch, port=port,
-                       env={"SGLANG_SIM_STARTUP_S": "5"} if kind == "sim" else None)
-    pid, start, offset, is_child = _start(launcher, fleet)       # the port is free when it starts
     incumbent = fleet.start("sim", port=port, env={"CUDA_VISIBLE_DEVICES": "1"})
     assert incumbent.status("/health_generate") == 200           # what a gate without the listener check would take
+    launcher = _engine(kind, fleet, tmp_path, monkeypatch, port=port)
+    # The incumbent took the port after the launcher's own check (a race the check cannot close): the check is
+    # made to see a free port, so that the candidate starts on a port another server holds.
+    monkeypatch.setattr(launcher, "port_owner", lambda: None)
+    pid, start, offset, is_child = _start(launcher, fleet)
     with pytest.raises(engine.LaunchError) as info:
         launcher.wait_healthy(pid, start, offset, is_child, started=True, on_poll=lambda: fleet.registry.add_tree(pid))
     msg = info.value.msg
