@@ -4,7 +4,7 @@ SGLang 0.5.23 server does, and the simulator made to agree (each test runs on bo
 - a. a stop of a server killed by SIGTERM before its handler is installed (status 143) is a normal stop;
 - b. a candidate whose child crashed is failed at once by the health gate, not after its budget nor after the server's
   crash diagnostics (5 s, then 60 s while a scheduler lives, the port in LISTEN and nothing answering), and the stop
-  copes with a server sleeping in them (SIGTERM, then SIGKILL);
+  copes with a server sleeping in them (SIGTERM, then SIGKILL), the launcher's and the GPU drain's;
 - c. a 2xx from the port is not proof: with a port conflict the loser's warmup reaches the incumbent (and it logs
   "fired up"), so the gate checks that the listener is in the candidate's process tree and fails when it is not;
 - e. a server started as ``sglang serve`` is recognised (a PID file without a record) and drained by its root (real
@@ -228,3 +228,28 @@ def test_e_a_real_server_started_as_sglang_serve_is_recognised_and_drained_by_it
             proc.kill()
         proc.wait(timeout=30)
     _no_standin_calls(tmp_path)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b_the_drain_stops_a_server_sleeping_in_its_crash_diagnostics_by_sigterm_then_sigkill(fleet, kind, monkeypatch):
+    # The teardown side of b: an old server that crashed while it ran sits in its diagnostics (here the coredump wait
+    # is 300 s, so that it cannot end by itself during the test), holding its GPU through the live scheduler. The
+    # drain's SIGTERM does nothing there; its escalation ends it.
+    srv = fleet.start(kind, env={"SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS": "300"})
+    tree = srv.tree()
+    kids = dict((servers.sh.cmdline(p)[0], p) for p in servers.sh.children(srv.pid))
+    os.kill(kids["sglang::detokenizer"], signal.SIGKILL)
+    servers.sh.wait_for(lambda: "Waiting 300.0 seconds for CUDA coredumps before exiting." in srv.log(), timeout=60,
+                        what="the coredump wait line")
+    assert [a["pid"] for a in fleet.node.compute_apps()] == [kids["sglang::scheduler"]] and srv.poll() is None
+    monkeypatch.setenv("GPUSIM_ROOT", fleet.node.root)
+    monkeypatch.setenv("PATH", "%s:%s" % (servers.sh.SIM_BIN, os.environ["PATH"]))
+    params = drain.defaults()
+    params.update(gpus=[0], device_paths=[os.path.join(fleet.node.root, "dev", "nvidia*")], term_timeout=5,
+                  kill_timeout=15)
+    res = drain.run_drain(params, gpu_target.subprocess_run())
+    by_pid = dict((e["pid"], e) for e in res["signalled"])
+    assert by_pid[srv.pid]["role"] == "root" and by_pid[srv.pid]["signals"] == ["SIGTERM", "SIGKILL"], res["signalled"]
+    assert res["survivors"] == [] and srv.wait(timeout=30) == -signal.SIGKILL
+    assert not any(servers.alive(p) for p in tree)
+    servers.sh.wait_for(lambda: fleet.node.compute_apps() == [], timeout=10, what="the GPU to be free")
