@@ -15,6 +15,14 @@ description:
     supervised, detached process in its own session (O(manager=process)).
   - After a start it polls O(health_path) under one monotonic deadline (O(health_timeout)). When the server process dies
     first it fails at once with the last 40 log lines; on timeout it stops the server it started (see O(keep_on_failure)).
+  - "It also fails at once when the server crashed but its main process still runs, as SGLang 0.5.23 does through its
+    crash diagnostics (5 s, then 60 s while a scheduler lives, its port in LISTEN and nothing answering): one of its
+    C(sglang::scheduler*) or C(sglang::detokenizer) processes is gone, or its log says that a process failed. The main
+    process gets up to 10 s to exit by itself (none once it logs its crash diagnostics); then it is stopped (SIGTERM,
+    SIGKILL after 5 s), whatever O(keep_on_failure) says."
+  - "A 2xx counts only when the socket listening on the port belongs to the server's process tree (C(/proc/net/tcp) inode,
+    C(/proc/<pid>/fd)): with a port conflict, the losing SGLang server's warmup reaches the other server and logs
+    C(fired up) before it exits with status 3."
   - Once healthy it reads C(/server_info) (falling back to C(/get_server_info)) and compares every intended argument
     (O(expect)) with the value the server really runs. SGLang rewrites some arguments at start-up with only a warning in its log,
     for example C(speculative_num_draft_tokens) becomes C(speculative_num_steps + 1) when C(speculative_eagle_topk == 1).
@@ -392,6 +400,22 @@ stop:
     elapsed:
       description: Seconds the stop took.
       type: float
+    exit:
+      description:
+        - "The exit status of a server this run started and stopped: C(code) (the exit code, or minus the signal number)
+          and C(signal) (its name, when a signal ended it); null when it was not collected."
+      returned: when the stopped server was started by this run
+      type: dict
+    normal_stop:
+      description:
+        - "True when the server ended as a stop should: exit status 0, death by SIGTERM (SGLang 0.5.23 before its signal
+          handler is installed, status 143 in a shell) or exit code 143. False for any other status."
+      returned: when the stopped server was started by this run
+      type: bool
+crashed:
+  description: Why the health gate took the server for crashed (a process gone, or the log line that says so).
+  returned: when the server crashed during the health gate
+  type: str
 log_tail:
   description: The last 40 lines of the server log with secrets masked.
   returned: on failure to become healthy

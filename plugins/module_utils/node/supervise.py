@@ -259,6 +259,34 @@ def reap(pid, block=False):
     return {"code": os.WEXITSTATUS(status)}
 
 
+# The exit statuses of a normal stop: 0 (SGLang's SIGTERM handler drained and exited), death by SIGTERM itself
+# (0.5.23 before its handler is installed, for example with --skip-server-warmup right after the port opens:
+# measured on the real server, status 143 in a shell) and 143 as an exit code (128 + 15: the same death reported
+# by a shell or a wrapper script that runs the server).
+NORMAL_STOP_CODES = (0, -signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def normal_stop(exit_info):
+    """True when ``exit_info`` (:func:`reap`) is how a server ends when it is stopped with SIGTERM: 0, killed by
+    SIGTERM or exit code 143; False for any other status; None when it is not known (not our child)."""
+    if not exit_info or exit_info.get("code") is None:
+        return None
+    return exit_info["code"] in NORMAL_STOP_CODES
+
+
+def describe_exit(exit_info):
+    """``"was killed by SIGKILL"``, ``"exited with code 3"``, ``"was stopped by SIGTERM (exit status 143)"``."""
+    if not exit_info:
+        return "exited"
+    if exit_info.get("signal") == "SIGTERM" or exit_info.get("code") == 128 + signal.SIGTERM:
+        return "was stopped by SIGTERM (exit status 143)"
+    if "signal" in exit_info:
+        return "was killed by %s" % exit_info["signal"]
+    if "code" in exit_info:
+        return "exited with code %s" % exit_info["code"]
+    return "exited"
+
+
 def tree(pid):
     """``[(pid, starttime), ...]``: ``pid``, its descendants and the other
     members of its session (children reparented to PID 1 keep the session id
@@ -290,7 +318,10 @@ def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, te
 
     Returns ``{"signalled", "killed", "exited", "still_running", "elapsed"}``;
     ``still_running`` is non-empty only when a process survived SIGKILL
-    (D state, PID 1 in a container).
+    (D state, PID 1 in a container). With ``is_child`` it also has ``exit``
+    (:func:`reap`: the main process's status, None when it was not
+    collected) and ``normal_stop`` (:func:`normal_stop`: 0, death by SIGTERM
+    and exit status 143 are a normal stop, not a failure).
     """
     pid = int(pid)
     if start is None:
@@ -304,16 +335,23 @@ def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, te
     def before_kill(live):
         return [stop.Target(p, s) for p, s in tree(pid)] if pid in live else []
 
+    status = {}
+
+    def collect():
+        got = reap(pid)
+        if got is not None:
+            status["exit"] = got
+
     def on_exit(gone_pid):
         if is_child and gone_pid == pid:
-            reap(pid)
+            collect()
 
     res = stop.stop([stop.Target(p, s, first=(p == pid)) for p, s in members], first_signal=term_signal,
                     term_timeout=max(float(timeout), 0.0), kill_timeout=kill_grace, grace=orphan_grace,
                     before_kill=before_kill, on_exit=on_exit)
     stop.close_all(res)
     if is_child:
-        reap(pid)
+        collect()
     first = procfs.signal_name(term_signal)
     signalled, killed = [], []
     for report in res["reports"]:
@@ -324,13 +362,17 @@ def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, te
         if "SIGKILL" in later:
             killed.append(report["pid"])
     still = sorted(set(res["survivors"]))
-    return {
+    report = {
         "signalled": signalled,
         "killed": sorted(set(killed)),
         "exited": sorted(set(p for p, _s in members) - set(still)),
         "still_running": still,
         "elapsed": res["elapsed"],
     }
+    if is_child:
+        report["exit"] = status.get("exit")
+        report["normal_stop"] = normal_stop(status.get("exit"))
+    return report
 
 
 def kill_leftovers(members, grace=5.0):

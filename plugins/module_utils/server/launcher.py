@@ -34,6 +34,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import re
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import metrics
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
@@ -52,6 +53,25 @@ MSG_LINE_MAX = 400
 PROBE_TIMEOUT = 30.0
 HEALTH_POLL_S = 0.2
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1", "[::]": "::1"}
+# The processes of an SGLang server whose loss means that the server crashed: their titles (setproctitle, 0.5.23
+# managers/scheduler.py, detokenizer_manager.py, data_parallel_controller.py: sglang::scheduler with _DP<d>/_TP<n>
+# suffixes, sglang::detokenizer) and, cut to 15 characters, their comm.
+CHILD_TITLES = ("sglang::scheduler", "sglang::detokenizer", "sglang::data_parallel_controller")
+CHILD_COMMS = ("sglang::schedul", "sglang::detoken", "sglang::data_pa")
+# What an SGLang server logs when one of its processes failed (0.5.23: tokenizer_manager.py, scheduler.py,
+# detokenizer_manager.py, engine.py). After the first one the real server sleeps 5 s "before crash diagnostics",
+# then 60 s more "for CUDA coredumps" while a scheduler lives: its port stays in LISTEN and nothing answers.
+CRASH_LINES = ("Sleeping 5 seconds before crash diagnostics", "Scheduler hit an exception",
+               "DetokenizerManager hit an exception", "DataParallelController hit an exception",
+               "TokenizerManager hit an exception", "Received sigquit from a child process")
+# A crashed server has nothing to drain: SIGTERM, then SIGKILL after this many seconds (a server sleeping in its crash
+# diagnostics does not act on SIGTERM before they end).
+CRASH_STOP_GRACE_S = 5.0
+# How long a server whose child is gone may take to exit by itself before the gate stops it: 0.5.23 kills its own
+# children when it shuts down (the loser of a port conflict: measured 1.75 s from its "kill_process_tree called" line
+# to its exit 3 on a loaded 2-core machine). A server that logs its crash diagnostics is stopped at once.
+CRASH_EXIT_WAIT_S = 10.0
+DIAGNOSTICS_LINE = "before crash diagnostics"
 
 DEFAULTS = {
     "name": "main", "version": "0.5.23", "manager": "process", "unit": None, "unit_dir": None, "python": "python3",
@@ -244,6 +264,111 @@ def running_diff_source(ctx, cur, base, port_owner=None):
     before = Launcher(ctx, params, check_mode=True)
     before.plan()
     return before.diff_source(label)
+
+
+def is_server_argv(argv):
+    """True for the command line of an SGLang server's main process: ``python -m sglang.launch_server ...``, or the
+    ``sglang serve ...`` of 0.5.10+ (0.5.23 recommends it): the console script runs the server in its own process, so
+    its command line is ``[python, .../bin/sglang, serve, ...]`` (through the script's shebang) or
+    ``[.../bin/sglang, serve, ...]``; ``python -m sglang.cli.main serve ...`` too. Only the words before the first
+    flag of the server are read (``--model-path`` and what follows never decide)."""
+    words = [str(w) for w in argv or []]
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            break
+        nxt = words[i + 1] if i + 1 < len(words) else None
+        if word == "-m" and nxt == "sglang.launch_server":
+            return True
+        if word == "-m" and nxt in ("sglang.cli.main", "sglang.cli") and words[i + 2:i + 3] == ["serve"]:
+            return True
+        if os.path.basename(word) == "sglang" and nxt == "serve" and i <= 1:
+            return True
+    return False
+
+
+def child_role(pid):
+    """The SGLang title of ``pid`` (``sglang::scheduler_TP0``, ``sglang::detokenizer``, or the 15-character comm when
+    the command line is unreadable); None for any other process (the resource tracker, a helper)."""
+    argv = sp.cmdline(pid)
+    title = argv[0] if argv else ""
+    if title.startswith(CHILD_TITLES):
+        return title.split()[0]
+    comm = procfs.read_comm(pid) or ""
+    return comm if comm.startswith(CHILD_COMMS) else None
+
+
+def _parent_of(pid):
+    stat = procfs.read_stat(int(pid))
+    return None if stat is None else stat["ppid"]
+
+
+def crash_line(text):
+    """The first line of ``text`` that says an SGLang process failed (:data:`CRASH_LINES`), or None."""
+    for line in (text or "").splitlines():
+        if any(marker in line for marker in CRASH_LINES):
+            return line.strip()
+    return None
+
+
+class CrashWatch(object):
+    """A candidate's crash, seen before its main process exits: one of its scheduler or detokenizer processes is gone
+    while the main process still runs, or its log says that a process failed.
+
+    ``check(main_pid, members)`` (``members``: :func:`supervise.tree`) notes every SGLang child it sees and returns
+    why the server crashed, or None. Only the processes the server itself started count: a child of the main process
+    or of its ``sglang::data_parallel_controller``; a process that a scheduler forks for a moment keeps its parent's
+    title (setproctitle rewrites the command line that fork copies) and may end at any time. ``log_path`` is read
+    from ``offset`` on, a little at each check.
+    """
+
+    def __init__(self, log_path=None, offset=0, role_of=child_role, alive=sp.alive, parent_of=None):
+        self.parent_of = parent_of or _parent_of
+        self.children = {}
+        self.in_diagnostics = False
+        self.log_path = log_path
+        self.offset = offset or 0
+        self.partial = ""
+        self.role_of = role_of
+        self.alive = alive
+
+    def _new_log_text(self):
+        if not self.log_path:
+            return ""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell() < self.offset:
+                    self.offset = 0           # rotated or truncated: from its start
+                fh.seek(self.offset)
+                data = fh.read(1024 * 1024)
+                self.offset = fh.tell()
+        except OSError:
+            return ""
+        text = self.partial + data.decode("utf-8", "replace")
+        head, sep, self.partial = text.rpartition("\n")
+        return head + sep
+
+    def check(self, main_pid, members):
+        dp_titles = ("sglang::data_parallel_controller", "sglang::data_pa")
+        controllers = set([main_pid]) | set(p for p, (_s, role) in self.children.items() if role.startswith(dp_titles))
+        roles = {}
+        for pid, dummy in members:
+            if pid != main_pid and pid not in self.children:
+                roles[pid] = self.role_of(pid)
+                if (roles[pid] or "").startswith(dp_titles):
+                    controllers.add(pid)
+        for pid, start in members:
+            if roles.get(pid) and self.parent_of(pid) in controllers:
+                self.children[pid] = (start, roles[pid])
+        text = self._new_log_text()
+        self.in_diagnostics = self.in_diagnostics or DIAGNOSTICS_LINE in text
+        for pid, (start, role) in sorted(self.children.items()):
+            if not self.alive(pid, start):
+                return "its process %s (PID %d) is gone while the main process %d still runs" % (role, pid, main_pid)
+        line = crash_line(text)
+        if line:
+            return "its log says: %s" % line[:MSG_LINE_MAX]
+        return None
 
 
 class Launcher(object):
@@ -498,7 +623,7 @@ class Launcher(object):
                 start = sp.starttime(pid)
                 if record and record.get("pid") == pid and record.get("starttime") == start:
                     cur.update(pid=pid, start=start, fingerprint=record.get("fingerprint"), source="pid_file")
-                elif any("sglang" in token for token in sp.cmdline(pid)):
+                elif is_server_argv(sp.cmdline(pid)):
                     cur.update(pid=pid, start=start, source="pid_file (no launch record)")
         else:
             # manager systemd is explicit here (the plan picks it for auto only where systemd is PID 1): ask systemctl.
@@ -582,10 +707,12 @@ class Launcher(object):
     # ---------------- stop ----------------
 
     def stop(self, cur):
+        """Stop the server ``cur`` (:meth:`current`; ``is_child`` True when this process started it, so that the report
+        has its exit status: a death by SIGTERM or exit status 143 is a normal stop, ``normal_stop``)."""
         timeout = self.p["stop_timeout"]
         pid, start = cur["pid"], cur["start"]
         if self.manager == "process":
-            report = sp.stop_tree(pid, start, timeout=timeout)
+            report = sp.stop_tree(pid, start, timeout=timeout, is_child=bool(cur.get("is_child")))
         else:
             members = sp.tree(pid)
             began = time.monotonic()
@@ -716,6 +843,62 @@ class Launcher(object):
             return None
         return {}
 
+    def _answered_by_candidate(self, pid, state):
+        """True when the listener on the port is in the candidate's process tree (``/proc/net/tcp`` inode ->
+        ``/proc/<pid>/fd``). A 2xx from the port proves nothing by itself: the loser of a port conflict goes through its
+        whole startup, its warmup reaches the incumbent (and it logs "fired up"), then it exits 3 (0.5.23, measured)."""
+        held = sockets.port_held_by(self.port, [p for p, _s in state["members"]] or [pid])
+        if held["ours"] or not held["listening"]:
+            # No listener seen: the server runs in another network namespace than this module, or closed the port
+            # since; nothing to compare.
+            return True
+        if not held["known"]:
+            # The candidate's descriptors cannot be read (another user's server, without root): nothing to compare.
+            if not state.get("unverified"):
+                state["unverified"] = True
+                self.ctx.warn("the health check of SGLang server %s cannot tell which process listens on port %d (the "
+                              "descriptors of PID %d are not readable); it trusts the answer" % (self.name, self.port, pid))
+            return True
+        others = held["others"]
+        who = ", ".join("PID %d (%s)" % (o, " ".join(self.masked(sp.cmdline(o)))[:120] or "?") for o in others[:3]) or \
+            "a process this user cannot see"
+        state["impostor"] = others
+        state["last"] = "%s from %s, which is not in the candidate's process tree (PID %d): another server holds port %d" % (
+            state["last"], who, pid, self.port)
+        return False
+
+    def _fail_crashed(self, pid, start, is_child, started, state, waited, log_offset, url):
+        """A candidate whose child crashed: stop it at once (SIGTERM, SIGKILL after :data:`CRASH_STOP_GRACE_S`), raise."""
+        res = self.result
+        res["crashed"] = state["crash"]
+        what = "left it running (pid %d): this run did not start it" % pid
+        if started:
+            grace = min(float(self.p["stop_timeout"]), CRASH_STOP_GRACE_S)
+            try:
+                # By PID for a unit too: `systemctl stop` would wait its TimeoutStopSec for a server that does not act on
+                # SIGTERM in its diagnostics; the stop after it only settles the unit (nothing is left to signal).
+                report = sp.stop_tree(pid, start, timeout=grace, is_child=is_child)
+                if self.manager == "systemd":
+                    try:
+                        systemd.stop(self.run, self.systemctl(), self.unit)
+                    except systemd.SystemdError as exc:
+                        self.ctx.warn("the crashed server's processes are stopped, but %s" % exc)
+                else:
+                    sp.remove_quietly(self.pid_file)
+                if report["still_running"]:
+                    raise LaunchError("PIDs %s survived SIGKILL (uninterruptible sleep or PID 1 in a container?)"
+                                      % report["still_running"], stop=report)
+                res["stop"] = report
+                what = "stopped it (pid %d: SIGTERM, then SIGKILL after %s s) so that it does not hold the GPUs" % (
+                    pid, num_text(grace))
+            except LaunchError as exc:
+                what = "tried to stop it but: %s" % exc.msg
+        tail = self.log_tail(log_offset, self.started_wall)
+        raise LaunchError(
+            "SGLang server %s (pid %d) crashed %.1f s into its health check, before %s answered 2xx: %s; %s. Last %d log "
+            "lines:\n%s" % (self.name, pid, waited, url, state["crash"], what, len(tail), short_lines(tail)),
+            log_tail=tail, crashed=state["crash"], server_exited=bool(res.get("stop")))
+
     def wait_healthy(self, pid, start, log_offset, is_child, started, health_path=None, on_poll=None):
         """Wait for a 2xx on the health path; then check the effective config (``check_config``). Raises LaunchError."""
         res = self.result
@@ -723,8 +906,13 @@ class Launcher(object):
         timeout = float(self.p["health_timeout"])
         path = health_path or self.p["health_path"]
         url = self.url + path
-        state = {"last": "no answer yet", "exit": None, "healthy": False, "members": sp.tree(pid)}
+        state = {"last": "no answer yet", "exit": None, "healthy": False, "members": sp.tree(pid), "crash": None,
+                 "impostor": None}
         deadline = wait.Deadline(timeout)
+        # The log of this start only; for a server this run did not start, only what it logs from now on (the log file
+        # also holds the lines of earlier servers, their crashes included).
+        watch_log = self.log_file if self.log_file and os.path.exists(self.log_file) else None
+        watch = CrashWatch(watch_log, log_offset if started else sp.log_size(watch_log) if watch_log else 0)
 
         def probe():
             if on_poll is not None:
@@ -732,22 +920,37 @@ class Launcher(object):
             state["exit"] = self._exit_of(pid, start, is_child)
             if state["exit"] is not None:
                 return True
+            state["members"] = sp.tree(pid) or state["members"]
+            # A crashed server keeps its port in LISTEN through its crash diagnostics (5 s, then 60 s while a scheduler
+            # lives) and answers nothing: fail now rather than after the health budget.
+            state["crash"] = watch.check(pid, state["members"])
+            if state["crash"]:
+                return True
             try:
                 status, _h, _b = http.request("GET", url, api_key=self.api_key,
                                               timeout=max(deadline.clamp(PROBE_TIMEOUT), 0.05))
                 state["last"] = "HTTP %d" % status
                 if 200 <= status < 300:
-                    state["healthy"] = True
-                    return True
+                    state["healthy"] = self._answered_by_candidate(pid, state)
+                    return state["healthy"]
             except http.TLSError as exc:   # a refused certificate stays refused: stop waiting (the fix is in the message)
                 state["last"] = "the health gate cannot reach the server over HTTPS: %s" % exc
                 return True
             except http.HTTPConnectionError as exc:
                 state["last"] = exc.kind if exc.kind in ("refused", "timeout") else "%s (%s)" % (exc.kind, exc.reason)
-            state["members"] = sp.tree(pid) or state["members"]
             return False
 
         wait.wait_for(probe, deadline=deadline, interval=HEALTH_POLL_S)
+        if state["crash"] and state["exit"] is None:
+            # A server that ends by itself also loses its children first (0.5.23 kills its own tree, then exits: the
+            # loser of a port conflict exits 3 that way): give its main process a moment to exit with its status.
+            def exited():
+                state["exit"] = self._exit_of(pid, start, is_child)
+                if state["exit"] is None:
+                    watch.check(pid, [])
+                return state["exit"] is not None or watch.in_diagnostics
+
+            wait.wait_for(exited, timeout=CRASH_EXIT_WAIT_S, interval=0.1)
         if not state["healthy"] and state["exit"] is None:
             state["exit"] = self._exit_of(pid, start, is_child)
         waited = round(deadline.elapsed(), 3)
@@ -759,16 +962,15 @@ class Launcher(object):
                 self.verify(log_offset, self.started_wall)
             return
         res["last_status"] = state["last"]
+        if state["crash"] and state["exit"] is None:
+            self._fail_crashed(pid, start, is_child, started, state, waited, log_offset, url)
         if state["exit"] is not None:
             exit_info = state["exit"]
             leftovers = [(p, s) for p, s in state["members"] if p != pid]
             killed, _still = sp.kill_leftovers(leftovers, grace=5.0) if leftovers else ([], [])
-            if "signal" in exit_info:
-                how = "was killed by %s" % exit_info["signal"]
-            elif "code" in exit_info:
-                how = "exited with code %s" % exit_info["code"]
-            else:
-                how = "exited"
+            how = sp.describe_exit(exit_info)
+            if state["crash"]:
+                how = "%s (%s first)" % (how, state["crash"].replace("still runs", "still ran"))
             if self.manager == "systemd":
                 try:
                     how = "exited (%s)" % systemd.describe(self.unit_props(), self.unit)

@@ -69,6 +69,8 @@ def render_unit(name, version, python, flags, env, fingerprint, user="", group="
         "# signal the main process only, and SIGKILL what is left after the timeout.",
         "KillMode=mixed",
         "KillSignal=SIGTERM",
+        "# Killed by SIGTERM before SGLang installs its handler (0.5.23), or 143 from a wrapper: a normal stop, not a failure.",
+        "SuccessExitStatus=143",
         "TimeoutStopSec=%d" % int(stop_timeout),
         "Restart=no",
         "StandardOutput=journal",

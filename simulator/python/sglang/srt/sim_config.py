@@ -91,6 +91,8 @@ class Knobs:
         self.scheduler_exit_timeout_s = _float(env, "SGLANG_SIM_SCHEDULER_EXIT_TIMEOUT_S", 15.0, 0.0)
         self.watchdog_interval_s = _float(env, "SGLANG_SIM_WATCHDOG_INTERVAL_S", 1.0, 0.01)
         self.kill_release_s = _float(env, "SGLANG_SIM_KILL_RELEASE_S", 2.0, 0.0)
+        # 0.5.23 (measured): the port-conflict loser exits 3 about 1.75 s after it killed its own children.
+        self.bind_fail_exit_s = _float(env, "SGLANG_SIM_BIND_FAIL_EXIT_S", 1.5, 0.0)
         self.dist_timeout_s = _float(env, "SGLANG_SIM_DIST_TIMEOUT_S", 600.0, 0.0)
         # --- faults -------------------------------------------------------
         self.crash_on_load = _flag(env, "SGLANG_SIM_CRASH_ON_LOAD")

@@ -253,3 +253,79 @@ def test_wait_ports_free_names_the_holder_when_it_times_out():
         sock.close()
     assert not ok and busy[0]["listeners"][0]["pid"] == os.getpid()
     assert ("listened on by PID %d" % os.getpid()) in busy[0]["summary"]
+
+
+# ---------------------------------------------------------------------------
+# Addresses, wildcard binds, port_held_by
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field,address", [
+    ("0100007F:7530", "127.0.0.1"),
+    ("00000000:07E8", "0.0.0.0"),
+    ("0501A8C0:1F90", "192.168.1.5"),
+    ("00000000000000000000000000000000:7531", "::"),
+    ("00000000000000000000000001000000:1F90", "::1"),
+    ("0000000000000000FFFF00000100007F:1F90", "::ffff:127.0.0.1"),
+    ("ZZ:1F90", None),
+    ("0100:1F90", None),
+])
+def test_decode_address_of_literal_kernel_fields(field, address):
+    if field[0] != "Z" and len(field.split(":")[0]) in (8, 32) and socket.htonl(1) == 1:
+        pytest.skip("the literal fields are of a little-endian kernel")
+    assert sockets.decode_address(field) == address
+
+
+def test_port_status_names_the_address_and_a_wildcard_bind_of_literal_tables(tmp_path):
+    root = _fake_proc(tmp_path, fds={4242: ["socket:[707858]"], 5151: ["socket:[22222]"], 6161: ["socket:[1129]"]})
+    assert [e["address"] for e in sockets.port_status(30000, root)["listeners"]] == ["127.0.0.1"]
+    wild4 = sockets.port_status(2024, root)          # 0.0.0.0:2024: the store port of a scheduler, say
+    assert [(e["pid"], e["address"]) for e in wild4["listeners"]] == [(6161, "0.0.0.0")]
+    assert "all interfaces" in wild4["summary"] and not wild4["free"]
+    wild6 = sockets.port_status(30001, root)         # [::]:30001
+    assert [(e["pid"], e["address"]) for e in wild6["listeners"]] == [(5151, "::")] and "all interfaces" in wild6["summary"]
+    assert sockets.is_wildcard("0.0.0.0") and sockets.is_wildcard("::") and not sockets.is_wildcard("127.0.0.1")
+
+
+def test_a_live_wildcard_bind_holds_the_port_for_every_address():
+    """A derived port bound on all interfaces (SGLang's scheduler store port, even with --host 127.0.0.1) is not free
+    for a server that binds it on 127.0.0.1: the check sees it whatever address the new server will use."""
+    wild = _listen(host="0.0.0.0")
+    port = wild.getsockname()[1]
+    try:
+        st = sockets.port_status(port)
+        assert st["listening"] and not st["free"]
+        assert [(e["pid"], e["address"]) for e in st["listeners"]] == [(os.getpid(), "0.0.0.0")]
+        assert "all interfaces" in st["summary"]
+        ok, busy = sockets.wait_ports_free([port], timeout=0.2, interval=0.05)
+        assert not ok and busy[0]["port"] == port
+        probe = socket.socket()
+        try:
+            with pytest.raises(OSError):                 # what the new server would meet: EADDRINUSE on loopback
+                probe.bind(("127.0.0.1", port))
+        finally:
+            probe.close()
+    finally:
+        wild.close()
+
+
+def test_port_held_by_tells_the_candidates_listener_from_anothers(tmp_path):
+    root = _fake_proc(tmp_path, fds={4242: ["socket:[707858]", "pipe:[1]"], 4343: ["socket:[5]"],
+                                     5151: ["socket:[22222]"]})
+    ours = sockets.port_held_by(30000, [4343, 4242], root)
+    assert ours == {"listening": True, "ours": True, "known": True, "others": []}
+    theirs = sockets.port_held_by(30000, [4343], root)            # the candidate's tree does not hold the listener
+    assert theirs == {"listening": True, "ours": False, "known": True, "others": [4242]}
+    unreadable = sockets.port_held_by(30000, [777], root)         # no fd directory: nothing proven either way
+    assert unreadable["known"] is False and unreadable["ours"] is False
+    assert sockets.port_held_by(50000, [4242], root) == {"listening": False, "ours": False, "known": False, "others": []}
+
+
+def test_port_held_by_on_a_live_socket():
+    sock = _listen()
+    port = sock.getsockname()[1]
+    try:
+        assert sockets.port_held_by(port, [os.getpid()])["ours"] is True
+        other = sockets.port_held_by(port, [os.getppid()])
+        assert other["ours"] is False and os.getpid() in other["others"]
+    finally:
+        sock.close()

@@ -746,6 +746,101 @@ def test_flow_crash_before_healthy(world, tmp_path, monkeypatch):
     assert "pid" not in res and "server_exited" not in res
 
 
+@pytest.mark.parametrize("manager", ["process", "systemd"])
+def test_flow_a_crashed_candidate_fails_at_once_and_is_stopped_even_with_keep_on_failure(world, tmp_path, monkeypatch,
+                                                                                         manager):
+    """Its detokenizer is gone while its main process runs (0.5.23's crash diagnostics: the port listens, nothing
+    answers): the gate fails at once, well before health_timeout, and stops it by PID (SIGTERM, SIGKILL after 5 s; a
+    unit is stopped by PID too, then `systemctl stop` settles it)."""
+    main = FAKE_PID if manager == "process" else FAKE_PID + 50
+    world.health = ["timeout"]
+    kids = {FAKE_PID + 7: "sglang::detokenizer", FAKE_PID + 8: "sglang::scheduler"}
+    polls = {"n": 0}
+
+    def tree(pid):
+        polls["n"] += 1
+        if pid not in world.procs:
+            return []
+        members = [(pid, world.procs[pid])] + [(k, 9) for k in sorted(kids) if k in world.procs]
+        if polls["n"] == 3:
+            world.procs.pop(FAKE_PID + 7)                 # SIGKILLed between two polls
+        return members
+
+    def request(method, url, **kwargs):
+        if "/health" in url:
+            raise h.RequestTimeout(url, "timed out")
+        return World.request(world, method, url, **kwargs)
+
+    stops = []
+
+    def stop_tree(pid, start=None, timeout=60.0, kill_grace=10.0, is_child=False, **kwargs):
+        stops.append(timeout)
+        return World.stop_tree(world, pid, start, timeout, kill_grace, is_child)
+
+    for kid, title in kids.items():
+        world.procs[kid] = 9
+        world.cmdlines[kid] = [title]
+    monkeypatch.setattr(engine.sp, "tree", tree)
+    monkeypatch.setattr(engine.sp, "stop_tree", stop_tree)
+    monkeypatch.setattr(engine, "_parent_of", lambda pid: main)
+    monkeypatch.setattr(engine, "CRASH_EXIT_WAIT_S", 0.3)
+    monkeypatch.setattr(engine.http, "request", request)
+    res = launch(monkeypatch, base_params(tmp_path, health_timeout=600, keep_on_failure=True, manager=manager))
+    assert res["failed"] is True and "crashed" in res["msg"] and "did not become healthy" not in res["msg"], res["msg"]
+    assert res["crashed"] == "its process sglang::detokenizer (PID %d) is gone while the main process %d still runs" % (
+        FAKE_PID + 7, main)
+    assert "SIGTERM, then SIGKILL after 5 s" in res["msg"] and stops == [5.0]
+    assert res["stop"]["signalled"] == [main] and main not in world.procs
+    assert (["/usr/bin/systemctl", "stop", "--", "sglang-unit.service"] in world.commands) is (manager == "systemd")
+
+
+def test_flow_the_crash_lines_of_earlier_servers_in_the_log_do_not_fail_a_running_one(world, tmp_path, monkeypatch):
+    world.info = dict(INCIDENT, port=31111)
+    params = base_params(tmp_path)
+    assert launch(monkeypatch, params)["failed"] is False
+    log = tmp_path / "state" / "server.log"
+    with open(str(log), "a") as fh:                 # what a server before it logged when it crashed
+        fh.write("[2026-12-06 20:00:00] Scheduler hit an exception: Traceback (most recent call last):\n")
+    again = launch(monkeypatch, params)               # the same server, already running: the gate runs again
+    assert again["failed"] is False and again["action"] == "none", again.get("msg")
+    log.write_text("")                               # a fresh start reads its own lines only (after its header)
+    with open(str(log), "a") as fh:
+        fh.write("[2026-12-06 20:00:00] Scheduler hit an exception: old\n")
+    restart = launch(monkeypatch, dict(params, args=dict(INCIDENT, port=31111, mem_fraction_static=0.7)))
+    assert restart["failed"] is False and restart["action"] == "restart", restart.get("msg")
+
+
+def test_flow_a_200_from_another_process_on_the_port_is_not_health(world, tmp_path, monkeypatch):
+    """The loser of a port conflict: the incumbent (PID 4242) answers 200 until the candidate exits 3."""
+    world.exit_status = {"code": 3}
+    world.exit_after = 3
+    asked = []
+
+    def held_by(port, pids, proc_root=None):
+        asked.append((port, list(pids)))
+        return {"listening": True, "ours": False, "known": True, "others": [4242]}
+
+    monkeypatch.setattr(engine.sockets, "port_held_by", held_by)
+    world.cmdlines[4242] = ["python3", "-m", "sglang.launch_server", "--port", "31111"]
+    res = launch(monkeypatch, base_params(tmp_path, health_timeout=600))
+    assert res["failed"] is True and "exited with code 3" in res["msg"], res["msg"]
+    assert ("HTTP 200 from PID 4242 (python3 -m sglang.launch_server --port 31111), which is not in the candidate's "
+            "process tree (PID %d): another server holds port 31111" % FAKE_PID) in res["last_status"]
+    assert asked and asked[0] == (31111, [FAKE_PID])
+
+
+def test_flow_a_200_with_the_listener_in_the_tree_or_unknown_is_health(world, tmp_path, monkeypatch):
+    answers = [{"listening": True, "ours": False, "known": False, "others": []}]
+    monkeypatch.setattr(engine.sockets, "port_held_by", lambda port, pids, proc_root=None: answers[0])
+    world.info = dict(INCIDENT, port=31111)
+    res = launch(monkeypatch, base_params(tmp_path))
+    assert res["failed"] is False, res.get("msg")
+    assert any("cannot tell which process listens on port 31111" in w for w in res["warnings"]), res["warnings"]
+    answers[0] = {"listening": True, "ours": True, "known": True, "others": []}
+    res = launch(monkeypatch, base_params(tmp_path, args=dict(INCIDENT, port=31111, mem_fraction_static=0.7)))
+    assert res["failed"] is False and not any("cannot tell" in w for w in res.get("warnings", [])), res
+
+
 def test_flow_timeout_stops_unless_keep(world, tmp_path, monkeypatch):
     world.health = [503]
     res = launch(monkeypatch, base_params(tmp_path, health_timeout=0.05))

@@ -23,6 +23,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -529,6 +530,24 @@ def test_a_gpu_holder_that_another_port_serves_on_fails_the_port_check(node, run
                                 "nccl_port": other["port"]})
     assert any(p.startswith("port %d (" % other["port"]) and "which this deploy does not replace" in p
                for p in res["problems"]), res["problems"]
+
+
+def test_a_derived_port_bound_on_all_interfaces_fails_the_port_check_of_a_loopback_server(node, run):
+    """SGLang 0.5.23's scheduler store (the NCCL port) listens on all interfaces even with --host 127.0.0.1: a wildcard
+    listener there holds the port for a server that binds it on loopback, and the check names it so."""
+    wild = socket.socket()
+    wild.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    wild.bind(("0.0.0.0", 0))
+    wild.listen(1)
+    try:
+        port = wild.getsockname()[1]
+        res = run(check=True, args={"model_path": node.model, "host": "127.0.0.1", "port": node.port, "nccl_port": port})
+    finally:
+        wild.close()
+    found = [p for p in res["problems"] if p.startswith("port %d (" % port)]
+    assert found and "which this deploy does not replace" in found[0] and "all interfaces" in found[0], res["problems"]
+    entry = [e for e in res["plan"]["port_checks"] if e["port"] == port][0]
+    assert entry["free"] is False and entry["held_by"] == [os.getpid()]
 
 
 # ---------------------------------------------------------------------------
