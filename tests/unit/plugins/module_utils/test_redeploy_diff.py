@@ -241,11 +241,12 @@ def test_the_running_launch_of_nothing_and_of_an_unrecorded_server(tmp_path):
     assert unknown == {"label": "running PID 99, not started by this collection", "argv": ["python3", "--api-key", "********"]}
     # An adopted server on the port (no PID file): its command line is read from /proc.
     # A child of known argv (pytest-xdist retitles this process, so its own /proc cmdline is not argv).
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "--api-key", KEY],
-                             stdin=subprocess.PIPE)
+    code = "import sys; print('up', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", code, "--api-key", KEY], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert child.stdout.readline() == b"up\n"   # it runs its own argv now (right after the fork, /proc may not show it yet)
         adopted = engine.running_diff_source(Ctx(), {"pid": None}, base, port_owner=child.pid)
     finally:
         child.communicate(b"", timeout=30)
     assert adopted["label"] == "running PID %d, not started by this collection" % child.pid
-    assert adopted["argv"] == [sys.executable, "-c", "import sys; sys.stdin.read()", "--api-key", "********"]
+    assert adopted["argv"] == [sys.executable, "-c", code, "--api-key", "********"]
