@@ -16,7 +16,6 @@ and the sessions they lead).
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
 import sys
