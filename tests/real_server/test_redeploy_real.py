@@ -240,6 +240,25 @@ def test_a_weight_only_update_swaps_in_place_and_other_shapes_are_refused(node):
     assert node.get("/model_info") == before
 
 
+def test_a_smoke_failure_after_a_real_weight_update_rolls_the_weights_back_in_place(node):
+    pid = ensure_deployed(node)
+    tree = session_members(pid)
+    serving = node.get("/model_info")["model_path"]
+    other = node.real_models.path("base" if serving != node.real_models.path("base") else "reseeded")
+    run = node.run(host_vars=with_model(node, other, sglang_smoke_min_tokens_per_s=1e9))     # a gate no server passes
+    row = run.row()
+    assert run.rc != 0 and row["status"] == "rolled_back" and row["step"] == "smoke" and row["mode"] == "weights", row
+    assert "min_tokens_per_s" in row["error"] and row["signalled"] == [], row
+    # The gate measured the real server serving the new weights; then the same process was updated back.
+    assert row["weights"]["version_after"] == row["run_id"], row["weights"]
+    assert node.server_pid() == pid and session_members(pid) == tree
+    info = node.get("/model_info")
+    assert info["model_path"] == serving and info["weight_version"] != row["run_id"], info
+    assert node.journal()["step"] == "rolled_back"
+    assert row["rollback"]["status"] == "succeeded" and row["rollback"]["detail"].startswith(
+        "known-good PID %d healthy; effective config matches the prediction" % pid), row["rollback"]
+
+
 # --------------------------------------------------------------------------
 # 3. A candidate that crashes at init is rolled back to the known-good
 # --------------------------------------------------------------------------
