@@ -756,7 +756,10 @@ def _launch_line(launch, label):
     overrides = launch.get("overrides") or []
     check = ("effective config matches the prediction (%d override(s)): %s" % (len(overrides), spec)) if eff else \
         "healthy (no effective-config check on this rank)"
-    return "%s PID %s healthy at %s after %s s; %s" % (label, launch.get("pid"), launch.get("url"), launch.get("startup_s"), check)
+    # An in-place weight update (phase weights) restarts nothing: no URL or start-up time to show, not "None".
+    where = (" at %s" % launch["url"] if launch.get("url") else "") + \
+        (" after %s s" % launch["startup_s"] if launch.get("startup_s") is not None else "")
+    return "%s PID %s healthy%s; %s" % (label, launch.get("pid"), where, check)
 
 
 def result_lines(result):

@@ -565,6 +565,9 @@ def test_result_lines_of_a_rollback_and_of_a_run_that_touched_nothing():
         "rollback failed: the last known-good config did not come back healthy: boom",
         "node: known-good running (1.0 s in this module run)",
     ]
+    # The in-place weight rollback restarts nothing: its launch has no URL or start-up time (seen on the real 0.5.23).
+    in_place = dict(rolled, launch={"pid": 5, "effective": {}}, rollback={"status": "succeeded", "detail": None})
+    assert engine.result_lines(in_place)[1] == "known-good PID 5 healthy; healthy (no effective-config check on this rank)"
     untouched = {"torn_down": False, "signalled": [], "launch": {"url": "x"}, "node_state": "unchanged", "timings": {}}
     assert engine.result_lines(untouched) == ["node: unchanged (0.0 s in this module run)"]
 
