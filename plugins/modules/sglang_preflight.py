@@ -227,6 +227,21 @@ options:
     description: Group (name or gid) of O(directories). Empty means any.
     type: str
     default: ""
+  cache_dir:
+    description:
+      - Persistent directory of the server's JIT and compile caches (SGLang, DeepGEMM, torch inductor, Triton, CUDA,
+        TileLang, FlashInfer, torch extensions), one sub-directory each (docs/reference/compile-caches.md). The launch
+        spec's env points each cache variable there, except those set in O(env); the directories are checked like
+        O(directories) and returned in RV(plan.cache.dirs) for the deploy to create.
+      - Empty leaves SGLang's and the libraries' own defaults.
+    type: path
+    default: ""
+  cache_min_free_gb:
+    description:
+      - Free space (GiB) the file system of O(cache_dir) must have; less is a problem (nothing is touched). V(0) turns
+        the check off.
+    type: float
+    default: 20
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -308,6 +323,13 @@ plan:
       description: Whether an interrupted run is being finished or rolled back.
       returned: always
       type: bool
+    cache:
+      description:
+        - The compile caches (O(cache_dir)) - C(dir), C(env) (the variables added to the launch env), C(kept) (cache
+          variables O(env) sets, left as they are), C(dirs) (to create, owned by the server's user), C(size_bytes),
+          C(files), C(size_complete) (false when counting stopped after 10 s), C(free_bytes) and C(min_free_gb).
+      returned: always
+      type: dict
 resolved:
   description: How the args were resolved.
   returned: always
@@ -462,6 +484,8 @@ def argument_spec():
         directory_mode=dict(type="str", default="0750"),
         directory_owner=dict(type="str", default=""),
         directory_group=dict(type="str", default=""),
+        cache_dir=dict(type="path", default=""),
+        cache_min_free_gb=dict(type="float", default=20.0),
     )
 
 

@@ -160,7 +160,8 @@ def test_happy_path_replaces_the_incident_server(node):
     assert pre["lease"]["acquired"] is True and pre["lease"]["generation"] == 1 and pre["lease"]["took_over"] is None
     assert not any(d["ok"] for d in pre["node"]["directories"]), pre["node"]["directories"]
     replaced = run.task_result(REPLACE)
-    assert len(replaced["directories"]) == 5, replaced["directories"]
+    # The server's 5 directories, then the compile caches' (the cache directory and one per cache, docs/reference/compile-caches.md).
+    assert replaced["directories"][5:] == pre["plan"]["cache"]["dirs"] and len(replaced["directories"]) == 14, replaced["directories"]
 
     # The drain signalled the incident server (adopted: it was not recorded anywhere) and nothing else.
     drain = replaced["drain"]

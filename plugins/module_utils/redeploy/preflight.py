@@ -20,6 +20,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import metrics as metrics_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import diff as diff_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import caches as caches_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import survey as pf
@@ -88,6 +89,8 @@ class Preflight(object):
         self.short_of_gpus = None
         self.manager = None
         self.began = time.monotonic()
+        # The compile caches (cache_dir): filled in by check_caches() before any launch spec is built.
+        self.cache_info = {"dir": "", "env": {}, "kept": [], "dirs": []}
 
     def problem(self, text):
         if text and text not in self.problems:
@@ -127,6 +130,8 @@ class Preflight(object):
     def launch_params(self, args, manager):
         p = self.p
         env = dict((str(k), "" if v is None else str(v)) for k, v in (p["env"] or {}).items())
+        for key, value in self.cache_info["env"].items():
+            env.setdefault(key, value)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in p["gpus"])
         return {
             "name": p["name"], "version": p["version"], "manager": manager, "unit": p["unit"],
@@ -140,6 +145,25 @@ class Preflight(object):
         """The launch spec the deploy hands to sglang_replace: :meth:`launch_params` without the API key (a
         secret, passed as its own no_log option; the fingerprint covers it as a salted digest)."""
         return dict((k, v) for k, v in self.launch_params(args, manager).items() if k != "api_key")
+
+    def check_caches(self):
+        """The compile caches: where they go (added to the launch env), their size, the room left (a problem if short)."""
+        p = self.p
+        cache_dir = p["cache_dir"] or ""
+        if cache_dir and not os.path.isabs(cache_dir):
+            self.problem("sglang_server_cache_dir must be an absolute path, got %r; set a path such as %s/cache, or '' to "
+                         "leave SGLang's cache defaults" % (cache_dir, p["state_dir"]))
+            cache_dir = ""
+        min_free = p["cache_min_free_gb"]
+        if min_free is None or min_free < 0:
+            self.problem("sglang_server_cache_min_free_gb must be a number of GiB >= 0, got %r; set e.g. 20, or 0 to turn the "
+                         "free-space check off" % (min_free,))
+            min_free = 0
+        operator_env = dict((str(k), v) for k, v in (p["env"] or {}).items())
+        info, problem = caches_mod.describe(cache_dir, min_free, operator_env)
+        if problem:
+            self.problem(problem + " (nothing was touched)")
+        self.cache_info = info
 
     # ------------------------------------------------------------------
     def resolve(self, gpu):
@@ -560,6 +584,7 @@ class Preflight(object):
                          "a later rollback could not load the known-good config from it; drop delete_ckpt_after_loading, or set "
                          "sglang_server_rollback: false to accept redeploys without rollback" % args.get("model_path"))
         self.secret_arg_names = self.check_arg_secrets(p["args"] or {})
+        self.check_caches()
         launcher = launch_mod.Launcher(self.module, self.launch_params(args, manager), check_mode=True)
         for blocker in launcher.plan():
             self.problem(blocker)
@@ -577,7 +602,8 @@ class Preflight(object):
                        "unit": "sglang_server_unit_dir"}[what]
                 self.problem("%s: the %s directory %s is not usable: %s; fix it before the redeploy (nothing was touched)"
                              % (var, what, path, why))
-        directories = [inspect_directory(d, mode, p["directory_owner"], p["directory_group"]) for d in p["directories"]]
+        wanted = list(p["directories"]) + [d for d in self.cache_info["dirs"] if d not in p["directories"]]
+        directories = [inspect_directory(d, mode, p["directory_owner"], p["directory_group"]) for d in wanted]
         self.node.update(probes=probes, directories=directories)
         found = self.inspect_server(launcher, selected)
         entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
@@ -633,6 +659,8 @@ class Preflight(object):
             # Secret-named variables of the env (HF_TOKEN, ...): the spec shows them masked; the deploy hands their
             # values to sglang_replace as the no_log option secret_env.
             "private_env": sorted(str(k) for k in (p["env"] or {}) if secret_rules.is_secret_name(str(k))),
+            # The compile caches: the variables added to the env, the directories to create, size and free space.
+            "cache": self.cache_info,
         }
         # A real run changes the node when it takes the lease for an action; check mode says whether one would.
         changes = decision["action"] != identity.NONE and not self.problems
@@ -772,4 +800,6 @@ def plan_lines(host, plan, resolved, lease_info):
             holder.get("why"), (holder.get("cmdline") or "")[:160]))
     for diff in plan.get("differences") or []:
         lines.append("changes " + identity.format_difference(diff))
+    if plan.get("cache") is not None:
+        lines.append(caches_mod.summary_line(plan["cache"]))
     return lines
