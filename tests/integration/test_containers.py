@@ -30,7 +30,8 @@ SERVER = textwrap.dedent(r'''
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", int(sys.argv[1])))
     sock.listen(8)
-    Node(os.environ["GPUSIM_ROOT"]).hold(os.getpid(), gpus=[0], mib=1000, name="python3")
+    if sys.argv[2] == "hold":
+        Node(os.environ["GPUSIM_ROOT"]).hold(os.getpid(), gpus=[0], mib=1000, name="python3")
     print("ready", flush=True)
     while True:
         signal.pause()
@@ -62,19 +63,22 @@ def inspect(cid):
 
 @pytest.fixture
 def boxed_server(sim_node, tmp_path):
-    """``start(port)`` -> ``{"id", "name", "image", "pid"}`` of a running container serving ``port`` and holding GPU 0."""
+    """``start(port, gpu=True)`` -> ``{"id", "name", "image", "pid", "restarts"}`` of a running container serving ``port``.
+
+    With ``gpu``, in the host PID namespace, holding GPU 0 by its host PID; without, in its own PID namespace (the
+    usual ``docker run``), holding nothing."""
     started = []
     script = tmp_path / "boxed_server.py"
     script.write_text(SERVER)
     root = str(sim_node.root)
 
-    def start(port):
+    def start(port, gpu=True):
         image = node_image()
         name = "gpufleet-issue24-%d-%d" % (os.getpid(), len(started))
-        proc = podman("run", "-d", "--name", name, "--restart", "always", "--network", "host", "--pid", "host",
+        proc = podman("run", "-d", "--name", name, "--restart", "always", "--network", "host", "--pid", "host" if gpu else "private",
                       "-v", "%s:%s" % (root, root), "-v", "%s:%s:ro" % (SIM_PY, SIM_PY), "-v", "%s:/boxed_server.py:ro" % script,
                       "-e", "GPUSIM_ROOT=" + root, "-e", "PYTHONPATH=" + str(SIM_PY), image,
-                      "python3", "/boxed_server.py", port)
+                      "python3", "/boxed_server.py", port, "hold" if gpu else "serve")
         cid = proc.stdout.strip().splitlines()[-1]
         started.append(cid)
 
@@ -139,7 +143,7 @@ def test_a_server_in_a_container_is_refused_named_and_left_running(sim_node, tmp
         refusal = [p for p in res["problems"] if "in the podman container" in p]
         assert len(refusal) == 1, res["problems"]
         text = refusal[0]
-        assert ("PID %d (python3 /boxed_server.py %d) on port %d" % (pid, port, port)) in text
+        assert ("PID %d (python3 /boxed_server.py %d hold) on port %d" % (pid, port, port)) in text
         assert ("GPU holder PID %d (" % pid) in text
         assert ("podman container %s (id %s, image %s, restart policy always)" % (box["name"], short, box["image"])) in text
         assert "does not adopt, stop or signal a process in a container" in text
@@ -157,10 +161,11 @@ def test_a_server_in_a_container_is_refused_named_and_left_running(sim_node, tmp
 
 
 def test_the_same_container_without_the_gpu_is_still_refused_as_port_owner(sim_node, tmp_path, boxed_server, run_module):
-    """A port owner that holds none of the target GPUs was refused before too; now the refusal names its container."""
+    """A port owner in its own PID namespace that holds no GPU was refused before too; now the refusal names its
+    container (found by the host PID the socket table gives)."""
     port = free_port()
-    box = boxed_server(port)
-    res = run_module("sglang_preflight", preflight_args(sim_node, tmp_path, port, gpus=["1"]), sim_node.env)
+    box = boxed_server(port, gpu=False)
+    res = run_module("sglang_preflight", preflight_args(sim_node, tmp_path, port), sim_node.env)
     assert res["failed"] is True
     owner = res["plan"]["port_owner"]
     assert owner["container"]["id"] == box["id"] and owner["adoptable"] is False

@@ -155,6 +155,8 @@ def fix(c):
         if c.get('restart_policy') not in ('no', '', None) or not c.get('inspected'):
             text += ' and `%s update --restart=no %s` (or `%s rm %s`) so that its restart policy does not start it again' % (
                 cli, ref, cli, ref)
+        if cli == 'podman' and not c.get('inspected'):
+            text += ' (run as the user that owns it if it is a rootless container)'
         return text
     return ('stop it through what runs it (`kubectl scale`/`kubectl delete` of its pod, or `crictl stop %s`): the kubelet '
             'restarts containers it manages' % ref)

@@ -182,3 +182,10 @@ def test_kubernetes_containers_are_named_by_id_and_stopped_through_the_orchestra
 def test_podman_conmon_is_described_as_the_monitor():
     out = {"runtime": "podman", "id": CID, "part": "conmon", "name": "web", "restart_policy": "always"}
     assert containers.describe(out).startswith("container monitor (conmon) of the podman container web (id ")
+
+
+def test_an_uninspected_podman_container_may_be_rootless():
+    out = containers.inspect({"runtime": "podman", "id": CID, "part": "container"}, which=lambda name: None)
+    assert out["inspect_error"] == "podman is not installed here"
+    assert containers.fix(out).endswith("(run as the user that owns it if it is a rootless container)")
+    assert "rootless" not in containers.fix(dict(out, inspected=True, restart_policy="no"))
