@@ -32,6 +32,11 @@ description:
     context listed by nvidia-smi on the target GPUs, whose memory the listed processes account for; never
     signalled, never blocking, see docs/reference/gpu-watchers.md) or C(foreign). A foreign holder fails the
     preflight, naming its PID, user, command line (secrets masked) and ports, unless O(allow_foreign=true).
+  - A port owner, GPU holder or teardown root that runs in a container (docker, podman, containerd/CRI, CRI-O or
+    kubernetes, from its C(/proc/<pid>/cgroup); not this module's own container) is never adopted or signalled; the
+    preflight fails naming the container (runtime, id and, where the docker/podman CLI answers C(container inspect),
+    name, image and restart policy; the entry's C(container)) and the fix (stop it through its runtime), whatever
+    O(allow_foreign) and O(adopt_pids) say. Servers in containers are not managed yet (docs/user-guide.md).
   - Secrets in O(args) (a secret-named field, a password or token in a URL) are masked in every output from the
     start. Refused, naming the field and the fix, are C(api_key) (use O(api_key)), C(admin_api_key), C(hf_token) (the
     environment's C(HF_TOKEN)) and credentials in a URL. Other secret fields (C(ssl_keyfile_password)) are passed

@@ -25,6 +25,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.server import laun
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import survey as pf
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import containers
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
@@ -267,6 +268,7 @@ class Preflight(object):
         listening, owners = sockets.port_listeners(launcher.port)
         port_owner = None
         adopt_from_port = []
+        boxed = self.container_lookup()
         if listening:
             managed_tree = set()
             for pid in managed_pids:
@@ -278,7 +280,12 @@ class Preflight(object):
                 "cmdline": " ".join(secret_rules.mask_argv(list(info.cmdline))) if info else None,
                 "managed": bool(owners) and all(o in managed_tree for o in owners), "adoptable": False,
             }
-            if not port_owner["managed"]:
+            box = boxed(owner) if owner and not port_owner["managed"] else None
+            if box:
+                port_owner["container"] = box
+                self.refuse_container(box, "PID %s (%s) on port %d" % (owner, port_owner["cmdline"] or port_owner["comm"],
+                                                                       launcher.port))
+            elif not port_owner["managed"]:
                 holder_pids = set(gpu_query.holders(selected))
                 owner_tree = ({owner} | set(procfs.descendants(table, owner))) if owner else set()
                 if info is not None and info.sid == owner:
@@ -329,7 +336,14 @@ class Preflight(object):
         holders = pf.classify_holders(table, holder_gpus, managed_pids, launcher.unit if launcher.manager == "systemd" else None,
                                       recorded, list(p["adopt_pids"] or []), adopt_res, adopt_from_port, exclude,
                                       watchers=watchers, suspects=suspects)
-        foreign = [h for h in holders if h["class"] == "foreign"]
+        for h in holders:
+            box = boxed(h["pid"]) if h["class"] != "gone" else None
+            if box:
+                h["container"] = box
+                if h["class"] not in ("watcher", "system"):     # never signalled: only named
+                    self.refuse_container(box, "GPU holder PID %d (%s, GPUs %s)" % (
+                        h["pid"], h["class"], ",".join(str(g) for g in h["gpus"])))
+        foreign = [h for h in holders if h["class"] == "foreign" and not h.get("container")]
         if foreign and not p["allow_foreign"]:
             self.problem("the target GPUs are held by %d process(es) that are not this server's: %s. Another team's server? "
                          "Move this server to other GPUs (sglang_server_cuda_visible_devices), name it in sglang_adopt_pids or "
@@ -358,9 +372,51 @@ class Preflight(object):
                 roots.add(h["pid"])
         expected = sorted(roots | set(h["pid"] for h in wanted))
         teardown = sorted(roots)
+        for pid in list(teardown):
+            box = boxed(pid)
+            if box:
+                self.refuse_container(box, "teardown root PID %d" % pid)
+                teardown.remove(pid)                                    # never signalled from the host
+        self.report_containers()
         ports = self.check_ports(launcher, table, expected)
         return {"current": cur, "running": running, "port_owner": port_owner, "holders": holders, "teardown_pids": teardown,
                 "expected_pids": expected, "ports": ports, "lora_adapters": adapters}
+
+    def container_lookup(self):
+        """``boxed(pid)``: the container (inspected, once per container) a process runs in, unless it is this module's
+        own; None on the host. Starts the per-run list of containers to refuse (:meth:`refuse_container`)."""
+        own = containers.container_of("self")
+        seen = {}
+        self._boxed = {}
+
+        def boxed(pid):
+            found = containers.foreign_container(pid, own=own or {})
+            if not found:
+                return None
+            key = (found["runtime"], found["id"], found["part"])
+            if key not in seen:
+                seen[key] = containers.inspect(found)
+            return seen[key]
+        return boxed
+
+    def refuse_container(self, box, who):
+        """Note ``who`` (a PID and its role in the plan) as a process in ``box`` that the plan would adopt or signal."""
+        whos = self._boxed.setdefault((box["runtime"], box["id"], box["part"]), [box, []])[1]
+        if who not in whos:
+            whos.append(who)
+
+    def report_containers(self):
+        """One problem per container: what runs there, why the host must not signal it, and the fix (issue 24)."""
+        for box, whos in self._boxed.values():
+            engine = "the kubelet" if box["runtime"] not in containers.CLIS else box["runtime"]
+            policy = (" (restart policy %s)" % box["restart_policy"]) if box.get("restart_policy") else ""
+            self.problem(
+                "%s %s in the %s. The preflight does not adopt, stop or signal a process in a container: a signal from "
+                "the host ends only that process, and %s%s starts it again, so it takes the port and the GPUs back after "
+                "the outage has begun. Stop the container with %s, then run again (servers in containers are not managed "
+                "by this collection yet: docs/user-guide.md, \"Servers in containers\"); nothing was touched" % (
+                    "; ".join(whos), "runs" if len(whos) == 1 else "run", containers.describe(box), engine, policy,
+                    containers.fix(box)))
 
     def check_arg_secrets(self, args):
         """Every secret in ``sglang_server_args`` (a secret-named field, a password or token inside a URL) is registered
