@@ -48,13 +48,16 @@ def podman(*args, check=True, timeout=120):
 
 
 def node_image():
-    """The newest local molecule node image (it has python3)."""
+    """This checkout's molecule node image (it has python3): scripts/build-image.sh prints its name, building it
+    first when it is missing (the ``containers`` stage runs after the ``image`` stage, so it is there already)."""
     assert shutil.which("podman"), "podman is not installed: run scripts/install-system-deps.sh (as root)"
-    images = json.loads(podman("images", "--format", "json").stdout or "[]")
-    names = sorted(((i.get("Created") or 0, n) for i in images for n in i.get("Names") or []
-                    if n.startswith("localhost/gpufleet-node:")), reverse=True)
-    assert names, "no localhost/gpufleet-node image: build it with scripts/build-image.sh"
-    return names[0][1]
+    env = dict(os.environ, CONTAINERS_CONF=str(CONF))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "build-image.sh")], env=env, capture_output=True, text=True,
+                          timeout=1800, check=False)
+    assert proc.returncode == 0, "scripts/build-image.sh failed (%d): %s" % (proc.returncode, proc.stderr[-2000:])
+    name = proc.stdout.strip().splitlines()[-1]
+    assert name.startswith("localhost/gpufleet-node:"), name
+    return name
 
 
 def inspect(cid):
