@@ -394,13 +394,18 @@ lines:
   type: list
   elements: str
 problems:
-  description: Everything that stops the redeploy, each naming what to fix (the module fails when there is any).
+  description:
+    - Everything that stops the redeploy, each naming what to fix (the module fails when there is any).
+    - A failed run at verbosity 0 returns only C(msg), RV(problems), RV(lease) (C(acquired) and the waits and
+      take-over) and RV(resolved) (C(source), C(fallback)), so that the message is what an operator reads first;
+      C(-v) returns every key.
   returned: always
   type: list
   elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import lean
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 
 
@@ -452,8 +457,17 @@ def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     result = plan_mod.Preflight(module).run()
     if result.get("problems"):
-        module.fail_json(msg=result.pop("msg"), **result)
-    module.exit_json(**result)
+        msg = result.pop("msg")
+        # At verbosity 0 a failure returns what the roles read (the problems, the lease) and not the plan and the
+        # node, so that the message is the first thing an operator reads; -v returns everything.
+        module.fail_json(msg=msg, **with_invocation(module, result if module._verbosity >= 1 else lean.preflight_failure(result)))
+    module.exit_json(**with_invocation(module, result))
+
+
+def with_invocation(module, result):
+    """The result with its ``invocation`` trimmed below -vvv (lean.invocation)."""
+    trimmed = lean.invocation(module)
+    return dict(result, invocation=trimmed) if trimmed else result
 
 
 if __name__ == "__main__":
