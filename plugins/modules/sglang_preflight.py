@@ -334,6 +334,8 @@ node:
   description:
     - C(arch), C(draft_arch), C(systemd), C(gpus) (the target GPUs), C(all_gpus) (every GPU of the node, for a status view),
       C(gpu_count), C(backend), C(gpu), C(port_owner), C(probes).
+    - At verbosity 0 each GPU of C(gpus) and C(all_gpus) has C(index), C(used_mib) and C(pids) (its compute processes);
+      C(-v) returns the whole reading.
   returned: always
   type: dict
   contains:
@@ -396,9 +398,9 @@ lines:
 problems:
   description:
     - Everything that stops the redeploy, each naming what to fix (the module fails when there is any).
-    - A failed run at verbosity 0 returns only C(msg), RV(problems), RV(lease) (C(acquired) and the waits and
-      take-over) and RV(resolved) (C(source), C(fallback)), so that the message is what an operator reads first;
-      C(-v) returns every key.
+    - A failed run at verbosity 0 returns only C(msg), RV(problems), RV(lease) (C(acquired), the waits, the take-over
+      and the holder's run as C(holder.owner)) and RV(resolved) (C(source), C(fallback)), so that the message is what
+      an operator reads first; C(-v) returns every key.
   returned: always
   type: list
   elements: str
@@ -461,7 +463,7 @@ def main():
         # At verbosity 0 a failure returns what the roles read (the problems, the lease) and not the plan and the
         # node, so that the message is the first thing an operator reads; -v returns everything.
         module.fail_json(msg=msg, **with_invocation(module, result if module._verbosity >= 1 else lean.preflight_failure(result)))
-    module.exit_json(**with_invocation(module, result))
+    module.exit_json(**with_invocation(module, result if module._verbosity >= 1 else lean.preflight_result(result)))
 
 
 def with_invocation(module, result):

@@ -273,7 +273,7 @@ details_file:
     - "Left out at verbosity 0: C(effective) (the whole C(/server_info)), C(log_tail) and C(startup_phases) of RV(launch)
       and C(rollback_launch) (the message quotes the last log lines), the drain's C(gpus) and C(holders) (and its
       C(signalled) when it is RV(signalled)), C(model_info) of RV(weights); RV(gpus_free) and RV(gpus_allocated) keep
-      C(index), C(uuid), C(used_mib), C(total_mib) and C(pids) per GPU."
+      C(index), C(used_mib) and C(pids) per GPU."
   returned: at verbosity 0, when the state directory is writable
   type: str
 """

@@ -20,7 +20,7 @@ from ansible.module_utils.common.parameters import remove_values
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node.supervise import write_private
 
 # The per-GPU reading the report keeps (docs/report.md gpus_before / gpus_after).
-GPU_KEYS = ("index", "uuid", "used_mib", "total_mib")
+GPU_KEYS = ("index", "used_mib")
 # The lease keys the roles and the report read (acquired; the waits and take-overs).
 LEASE_KEYS = ("acquired", "waited", "waited_for", "took_over", "took_over_reason")
 # Keys of a launch result left out at verbosity 0: the server's whole /server_info (``effective_args`` keeps the
@@ -29,6 +29,8 @@ LAUNCH_BULK = ("effective", "log_tail", "startup_phases")
 # Keys of the drain result left out at verbosity 0: its GPU readings (``gpus_free`` has them) and the holders.
 DRAIN_BULK = ("gpus", "holders")
 DETAILS_DIR = "details"
+# The details files kept per state directory (the oldest go first).
+DETAILS_KEEP = 50
 # An option value longer than this (as JSON) is left out of ``invocation`` below -vvv (where the callback shows it).
 INVOCATION_LIMIT = 400
 
@@ -52,7 +54,8 @@ def invocation(module, limit=INVOCATION_LIMIT):
 
 
 def gpus(readings):
-    """Per-GPU readings, each reduced to :data:`GPU_KEYS` plus the PIDs of its processes."""
+    """Per-GPU readings, each reduced to :data:`GPU_KEYS` plus the PIDs of its processes (``pids``); the whole reading
+    (uuid, total and free MiB, MIG mode, ...) is in the details file and at -v."""
     out = []
     for g in readings or []:
         if not isinstance(g, dict):
@@ -65,10 +68,14 @@ def gpus(readings):
 
 
 def lease(info):
-    """The lease as the roles and the report read it (``acquired``, the waits, a take-over), without null keys."""
+    """The lease as the roles and the report read it (``acquired``, the waits, a take-over, the holder's run), without
+    null keys."""
     info = info if isinstance(info, dict) else {}
     out = dict((k, info[k]) for k in LEASE_KEYS if info.get(k) not in (None, "", {}))
     out["acquired"] = bool(info.get("acquired"))
+    holder = info.get("holder") if isinstance(info.get("holder"), dict) else {}
+    if holder.get("owner"):
+        out["holder"] = {"owner": holder["owner"]}          # the run that holds the lease (the message names it too)
     return out
 
 
@@ -88,14 +95,31 @@ def drain(result, signalled):
     return out
 
 
+# What a process that exited with its server (signalled by nobody) keeps at verbosity 0: no command line.
+EXITED_KEYS = ("pid", "ppid", "name", "role", "signals")
+
+
+def stopped(items):
+    """The drain's list: a process that was signalled whole, one that exited with its server without its command line."""
+    out = []
+    for item in items or []:
+        if isinstance(item, dict) and not item.get("signals"):
+            item = dict((k, item[k]) for k in EXITED_KEYS if k in item)
+        out.append(item)
+    return out
+
+
 def replace_result(result, details_file=None):
     """An sglang_replace result for verbosity 0 (docs: plugins/modules/sglang_replace.py RETURN)."""
     out = dict(result)
+    for key in ("signalled", "rollback_signalled"):
+        if key in out:
+            out[key] = stopped(out[key])
     for key in ("launch", "rollback_launch"):
         if key in out:
             out[key] = launch(out[key])
     if "drain" in out:
-        out["drain"] = drain(out["drain"], out.get("signalled"))
+        out["drain"] = drain(out["drain"], result.get("signalled"))
     for key in ("gpus_free", "gpus_allocated"):
         if key in out:
             out[key] = gpus(out[key])
@@ -109,6 +133,17 @@ def replace_result(result, details_file=None):
 # What a failed preflight returns at verbosity 0: the message, the problems, the lease as the roles read it, and
 # the resolution's source (the report's ``resolution``); the plan, the node and the lines come with -v.
 PREFLIGHT_FAILURE_KEYS = ("changed", "msg", "problems", "reason", "notes")
+
+
+def preflight_result(result):
+    """A passed preflight for verbosity 0: the node's GPU readings reduced (:func:`gpus`); the plan is read whole."""
+    out = dict(result)
+    if isinstance(out.get("node"), dict):
+        out["node"] = dict(out["node"])
+        for key in ("gpus", "all_gpus"):
+            if key in out["node"]:
+                out["node"][key] = gpus(out["node"][key])
+    return out
 
 
 def preflight_failure(result):
@@ -136,4 +171,22 @@ def write_details(state_dir, run_id, name, result):
         write_private(path, json.dumps(result, indent=1, sort_keys=True, default=str) + "\n", mode=0o600)
     except (OSError, TypeError, ValueError):
         return None
+    prune(os.path.dirname(path), keep=path)
     return path
+
+
+def prune(directory, keep, limit=None):
+    """Remove the oldest details files beyond ``limit`` (default :data:`DETAILS_KEEP`; never ``keep``, the one just
+    written)."""
+    limit = DETAILS_KEEP if limit is None else limit
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith(".")]
+        paths = sorted((os.path.join(directory, n) for n in names), key=lambda p: (os.path.getmtime(p), p))
+    except OSError:
+        return
+    for old in paths[:max(0, len(paths) - limit)]:
+        if old != keep:
+            try:
+                os.unlink(old)
+            except OSError:
+                pass

@@ -325,7 +325,6 @@ def report_row(v, mask):
         "error": ("%s failed: %s" % (fail["step"], fail["message"])) if fail is not None else None,
         "plan": action if "plan" in preflight else None,
         "plan_why": plan.get("why"),
-        "plan_lines": list(preflight.get("lines") or []) if has_plan else [],
         "previous_args": mask(plan["running_args"]) if isinstance(plan.get("running_args"), dict) else None,
         "mode": "weights" if action == "weights" else "restart" if action in ("start", "restart") else None,
         "weights": {

@@ -30,6 +30,8 @@ def test_a_failed_preflight_keeps_what_the_roles_read_and_puts_the_message_first
     lean_result = lean.preflight_failure(full)
     assert set(lean_result) == {"changed", "msg", "problems", "lease", "resolved"}
     assert lean_result["lease"] == {"acquired": False, "waited": 0.0}
+    held = lean.preflight_failure(dict(full, lease={"acquired": False, "waited": 30.1, "holder": {"owner": "R0", "node_pid": 7}}))
+    assert held["lease"] == {"acquired": False, "waited": 30.1, "holder": {"owner": "R0"}}
     assert lean_result["resolved"] == {"source": "node", "fallback": None}
     text = _dump(lean_result)
     assert text.index('"msg"') < 80 and len(text) < 1000, text
@@ -37,7 +39,9 @@ def test_a_failed_preflight_keeps_what_the_roles_read_and_puts_the_message_first
 
 
 def test_a_replace_result_leaves_out_the_bulk_and_names_the_details_file():
-    signalled = [{"pid": 41, "signals": ["SIGTERM"]}, {"pid": 42, "signals": []}]
+    signalled = [{"pid": 41, "signals": ["SIGTERM"], "cmdline": "python3 -m sglang.launch_server", "role": "root"},
+                 {"pid": 42, "signals": [], "cmdline": "sglang::scheduler_TP0", "role": "descendant", "gpus": [0],
+                  "root": 41, "how": "child", "seconds_to_exit": 0.4}]
     full = {"changed": True, "signalled": signalled,
             "drain": {"changed": True, "gpus": [GPU] * 2, "holders": [{"pid": 41}], "signalled": signalled, "elapsed": 1.0},
             "launch": {"pid": 7, "effective": {"k%d" % i: i for i in range(500)}, "effective_args": {"tp_size": 2},
@@ -48,9 +52,11 @@ def test_a_replace_result_leaves_out_the_bulk_and_names_the_details_file():
     assert out["details_file"] == "/s/details/r.json"
     assert out["launch"] == {"pid": 7, "effective_args": {"tp_size": 2}, "overrides": []}
     assert out["rollback_launch"] == {"pid": 8, "effective_args": {"tp_size": 2}}
-    # The drain's signalled is the run's: kept once, at the top.
-    assert out["drain"] == {"changed": True, "elapsed": 1.0} and out["signalled"] == signalled
-    assert out["gpus_free"] == [{"index": 0, "uuid": "GPU-0", "used_mib": 130212, "total_mib": 143771, "pids": [41]}] * 2
+    # The drain's signalled is the run's: kept once, at the top; a child that exited with its server without its
+    # command line.
+    assert out["drain"] == {"changed": True, "elapsed": 1.0}
+    assert out["signalled"] == [signalled[0], {"pid": 42, "signals": [], "role": "descendant"}]
+    assert out["gpus_free"] == [{"index": 0, "used_mib": 130212, "pids": [41]}] * 2
     assert out["weights"] == {"changed": True}
     assert len(_dump(out)) < len(_dump(full)) // 5
     # The full result is not changed.
@@ -84,3 +90,11 @@ def test_details_are_written_private_under_the_state_dir(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert lean.write_details(str(blocked), "R1", "x", {}) is None       # never fails the run
+
+
+def test_only_the_newest_details_files_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(lean, "DETAILS_KEEP", 3)
+    for i in range(5):
+        path = lean.write_details(str(tmp_path), "R%d" % i, "replace-candidate-all", {"i": i})
+        os.utime(path, (1000 + i, 1000 + i))
+    assert sorted(p.name for p in (tmp_path / "details").iterdir()) == ["R%d-replace-candidate-all.json" % i for i in (2, 3, 4)]
