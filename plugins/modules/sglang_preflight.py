@@ -399,8 +399,9 @@ problems:
   description:
     - Everything that stops the redeploy, each naming what to fix (the module fails when there is any).
     - A failed run at verbosity 0 returns only C(msg), RV(problems), RV(lease) (C(acquired), the waits, the take-over
-      and the holder's run as C(holder.owner)) and RV(resolved) (C(source), C(fallback)), so that the message is what
-      an operator reads first; C(-v) returns every key.
+      and the holder's run as C(holder.owner)), RV(resolved) (C(source), C(fallback)) and RV(plan) (C(action), and
+      C(holders) but the managed server's), so that the message is what an operator reads first; C(-v) returns
+      every key.
   returned: always
   type: list
   elements: str

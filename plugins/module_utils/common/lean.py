@@ -130,8 +130,9 @@ def replace_result(result, details_file=None):
     return out
 
 
-# What a failed preflight returns at verbosity 0: the message, the problems, the lease as the roles read it, and
-# the resolution's source (the report's ``resolution``); the plan, the node and the lines come with -v.
+# What a failed preflight returns at verbosity 0: the message, the problems, the lease as the roles read it, the
+# resolution's source (the report's ``resolution``) and the plan's action and GPU holders but the managed server's;
+# the rest of the plan, the node and the lines come with -v.
 PREFLIGHT_FAILURE_KEYS = ("changed", "msg", "problems", "reason", "notes")
 
 
@@ -152,6 +153,12 @@ def preflight_failure(result):
     resolved = result.get("resolved")
     if isinstance(resolved, dict):
         out["resolved"] = dict((k, resolved.get(k)) for k in ("source", "fallback"))
+    plan = result.get("plan")
+    if isinstance(plan, dict):
+        # The GPU holders that are not the managed server's (a foreign user, a watcher, an orphan): often why it
+        # failed; the report lists them.
+        out["plan"] = {"action": plan.get("action"),
+                       "holders": [h for h in plan.get("holders") or [] if isinstance(h, dict) and h.get("class") != "managed"]}
     return out
 
 

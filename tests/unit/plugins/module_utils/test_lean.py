@@ -23,12 +23,14 @@ def test_a_failed_preflight_keeps_what_the_roles_read_and_puts_the_message_first
     msg = "Preflight failed on node1; the running server was not touched. sglang_server_args.tp_size: must be ..."
     full = {"changed": False, "msg": msg, "problems": ["sglang_server_args.tp_size: must be an integer >= 1, got -1"],
             "elapsed": 0.1, "lines": ["node1: start"] * 20, "node": {"all_gpus": [GPU] * 8, "gpus": [GPU]},
-            "plan": {"argv": ["python3"] * 100, "spec": {"args": {"x": 1}}},
+            "plan": {"argv": ["python3"] * 100, "spec": {"args": {"x": 1}}, "action": "restart",
+                     "holders": [{"pid": 5, "class": "managed"}, {"pid": 6, "class": "foreign"}]},
             "resolved": {"source": "node", "fallback": None, "adjustments": [{"arg": "a"}] * 10},
             "lease": {"acquired": False, "generation": 0, "holder": {}, "path": "/run/lock/x.lock", "reason": "not held",
                       "state": "free", "waited": 0.0, "took_over": None}}
     lean_result = lean.preflight_failure(full)
-    assert set(lean_result) == {"changed", "msg", "problems", "lease", "resolved"}
+    assert set(lean_result) == {"changed", "msg", "problems", "lease", "resolved", "plan"}
+    assert lean_result["plan"] == {"action": "restart", "holders": [{"pid": 6, "class": "foreign"}]}
     assert lean_result["lease"] == {"acquired": False, "waited": 0.0}
     held = lean.preflight_failure(dict(full, lease={"acquired": False, "waited": 30.1, "holder": {"owner": "R0", "node_pid": 7}}))
     assert held["lease"] == {"acquired": False, "waited": 30.1, "holder": {"owner": "R0"}}
