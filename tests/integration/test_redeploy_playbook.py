@@ -554,7 +554,9 @@ def test_status_playbook_reports_the_running_server(node):
     assert [int(g[0]) for g in gpus] == list(range(8)), table
     assert all(int(g[1]) > 100000 and g[2] == "1" for g in gpus[:2]) and all(g[2] == "0" for g in gpus[2:]), table
     assert table[9] == "server      PID %d healthy (pid_file); /health 200" % pid, table
-    assert table[10].startswith("config      sha256:") and "next redeploy: none (" in table[10], table
+    inspected = run.task_result("Inspect the node, the managed server, the journal and the lease (read-only)")["plan"]
+    assert table[10] == "config      %s; next redeploy: %s (%s)" % (
+        inspected["running"]["fingerprint"][:19], inspected["action"], inspected["why"]), table
     assert table[11].startswith("known-good  ready: known-good config of "), table
     assert table[12] == "lease       free" and len(table) == 13, table
     assert node.server_pid() == pid and alive(pid)
