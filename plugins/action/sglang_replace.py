@@ -139,7 +139,9 @@ class ActionModule(ActionBase):
         jid = started.get("ansible_job_id")
         if started.get("failed") or not jid:
             return started
-        async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
+        # As the wrapper got it (ANSIBLE_ASYNC_DIR), expanded on the node by the modules themselves (type path): the
+        # controller's expansion of "~" can name another home than the wrapper's (become, a HOME of the job's own).
+        async_dir = self.get_shell_option("async_dir", default="~/.ansible_async")
         host = task_vars.get("inventory_hostname") or self._play_context.remote_addr
         launch = args.get("launch") or {}
         teardown = args.get("teardown") or {}

@@ -22,8 +22,8 @@ options:
     description: The async job to wait for (the C(ansible_job_id) of the job that runs the long module); none to only read.
     type: str
   async_dir:
-    description: Where the async job files are (C(async_dir) of the shell plugin).
-    type: str
+    description: Where the async job files are (C(async_dir) of the shell plugin), expanded on the node.
+    type: path
     default: ~/.ansible_async
   wait:
     description: Seconds to wait for the job to finish before reading the node; returns as soon as it finishes.
@@ -129,7 +129,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             jid=dict(type="str"),
-            async_dir=dict(type="str", default="~/.ansible_async"),
+            async_dir=dict(type="path", default="~/.ansible_async"),
             wait=dict(type="float", default=0),
             journal=dict(type="path"),
             log_file=dict(type="path"),
