@@ -105,11 +105,39 @@ class ActionModule(ActionBase):
         del tmp
         task_vars = task_vars or {}
         interval = interval_of(self._task.args.get("progress_interval"))
-        plain = (not interval or self._task.async_val or self._task.check_mode
+        plain = (not interval or self._task.async_val or self._task.check_mode or not self._wants_progress(self._task.args)
                  or self._connection.has_native_async or self._connection.always_pipeline_modules)
         if plain:
             return self._plain(result, task_vars)
         return merge_hash(result, self._with_progress(interval, task_vars))
+
+    # ---- what the module at hand shows (sglang_promote's action overrides these) ----
+    def _wants_progress(self, args):  # pylint: disable=unused-argument
+        return True
+
+    def _what(self, args):
+        return "replacing the %s (phase %s)" % ("known-good config" if args.get("target") == "known_good" else "server",
+                                                args.get("phase") or "all")
+
+    def _budgets(self, args):
+        return budgets(args)
+
+    def _time_limit(self, args):
+        return time_limit(args)
+
+    def _probe(self, args):
+        """sglang_progress's arguments less the job: the journal, the server log, the target GPUs, the secrets."""
+        launch = args.get("launch") or {}
+        teardown = args.get("teardown") or {}
+        state_dir = launch.get("state_dir")
+        log_file = launch.get("log_file") or None
+        if not log_file and launch.get("manager", "process") == "process" and state_dir:
+            log_file = state_dir.rstrip("/") + "/server.log"     # the launcher's default for a process server
+        return {"gpus": [str(g) for g in teardown.get("gpus") or []],
+                "journal": journal_mod.path_for(state_dir) if state_dir else None, "log_file": log_file,
+                "unit": (launch.get("unit") or "sglang-%s.service" % launch.get("name", "main"))
+                if launch.get("manager") == "systemd" else None,
+                "device_paths": list(teardown.get("device_paths") or []), "secrets": secret_values(args)}
 
     def _plain(self, result, task_vars):
         """What the module did before this action existed (the ``normal`` action)."""
@@ -130,7 +158,7 @@ class ActionModule(ActionBase):
 
     def _with_progress(self, interval, task_vars):
         args = self._task.args
-        limit = time_limit(args)
+        limit = self._time_limit(args)
         self._task.async_val = limit
         try:
             started = self._execute_module(task_vars=task_vars, wrap_async=True)
@@ -143,28 +171,17 @@ class ActionModule(ActionBase):
         # controller's expansion of "~" can name another home than the wrapper's (become, a HOME of the job's own).
         async_dir = self.get_shell_option("async_dir", default="~/.ansible_async")
         host = task_vars.get("inventory_hostname") or self._play_context.remote_addr
-        launch = args.get("launch") or {}
-        teardown = args.get("teardown") or {}
-        gpus = [str(g) for g in teardown.get("gpus") or []]
-        state_dir = launch.get("state_dir")
-        log_file = launch.get("log_file") or None
-        if not log_file and launch.get("manager", "process") == "process" and state_dir:
-            log_file = state_dir.rstrip("/") + "/server.log"     # the launcher's default for a process server
-        probe = {"jid": jid, "async_dir": async_dir, "wait": interval, "gpus": gpus,
-                 "journal": journal_mod.path_for(state_dir) if state_dir else None, "log_file": log_file,
-                 "unit": (launch.get("unit") or "sglang-%s.service" % launch.get("name", "main"))
-                 if launch.get("manager") == "systemd" else None,
-                 "device_paths": list(teardown.get("device_paths") or []), "secrets": secret_values(args)}
+        probe = dict(self._probe(args), jid=jid, async_dir=async_dir, wait=interval)
         probe = dict((k, v) for k, v in probe.items() if v is not None)
-        what = "replacing the %s (phase %s)" % ("known-good config" if args.get("target") == "known_good" else "server",
-                                                args.get("phase") or "all")
-        steps = budgets(args)
+        gpus = probe.get("gpus") or []
+        what = self._what(args)
+        steps = self._budgets(args)
         began = time.monotonic()
         blind = False
         while True:
             if time.monotonic() - began > limit + LIMIT_GRACE_S:
-                raise AnsibleActionFail("the sglang_replace job %s on %s did not finish within %d s (its time limit); the "
-                                        "node journal says where it stands (gpufleet.sglang.status)" % (jid, host, limit))
+                raise AnsibleActionFail("the %s job %s on %s did not finish within %d s (its time limit); the node journal "
+                                        "says where it stands (playbook gpufleet.sglang.status)" % (self._task.action, jid, host, limit))
             if blind:
                 time.sleep(interval)
                 state = self._run_module("ansible.legacy.async_status", {"jid": jid, "_async_dir": async_dir}, task_vars)

@@ -104,3 +104,24 @@ def test_a_bad_interval_fails_before_anything_is_touched_naming_the_variable(nod
     msg = failed[REPLACE]["msg"]
     assert "sglang_server_progress_interval" in msg and "'soon'" in msg and "Nothing was touched" in msg, msg
     assert node.server_pid() == old and alive(old) and node.health() == 200
+
+
+PROMOTE = "Promote the verified config to known-good and release the lease (the smoke gate first, when given)"
+
+
+def test_the_smoke_gate_shows_progress_too_and_promotes_as_before(node):
+    # A slow decode (20 tok/s before speculation) and more requests: the gate takes seconds.
+    hv = node.host_vars(server_env=dict(FAST_SERVER_ENV, SGLANG_SIM_BASE_TPS="20"), sglang_server_progress_interval=1,
+                        sglang_smoke_requests=8, sglang_smoke_max_new_tokens=48)
+    hv["sglang_server_args"] = dict(hv["sglang_server_args"], schedule_policy="lpm")
+    run = node.run(host_vars=hv)
+    assert run.rc == 0 and run.row()["status"] == "deployed", run.summary()
+    lines = [line for line in run.stdout().splitlines() if line.startswith("node1: smoke gate ")]
+    assert lines, run.stdout_tail()
+    assert any(re.match(r"^node1: smoke gate \d+ s; step verifying for \d+ s of 300 s", line) for line in lines), lines
+    assert node.api_key not in run.everything()
+    res = run.task_result(PROMOTE)
+    assert res["promoted"] is True and res["failed"] is False, res
+    for key in ("ansible_job_id", "started", "finished", "results_file"):
+        assert key not in res, (key, sorted(res))
+    assert node.journal()["step"] == "promoted"

@@ -4,6 +4,7 @@ a task with async, native async), and the async path with module runs mocked: on
 module's result returned without the async keys, the job file cleaned up."""
 from __future__ import annotations
 
+import re
 from unittest.mock import MagicMock
 
 import pytest
@@ -160,3 +161,58 @@ def test_when_the_progress_cannot_be_read_the_job_is_polled_without_it(monkeypat
     assert result == MODULE_RESULT
     assert names.count(act.PROGRESS_MODULE) == 1
     assert len(shown) == 1 and "the progress cannot be read (No module named x)" in shown[0]
+
+
+# ---------------------------------------------------------------------------
+# sglang_promote's action: the smoke gate with the same machinery
+# ---------------------------------------------------------------------------
+
+from ansible_collections.gpufleet.sglang.plugins.action import sglang_promote as promote_act  # noqa: E402
+
+PROMOTE_ARGS = {"name": "main", "config_dir": "/etc/sglang/main", "state_dir": "/var/lib/sglang/main", "manager": "process",
+                "run_id": "R1", "progress_interval": 2, "log_file": "/var/log/sglang/main.log",
+                "smoke_gate": {"url": "http://127.0.0.1:30000", "api_key": "sk-gate-secret", "timeout": 120}}
+
+
+def promote_action(args, **kw):
+    plugin = action(args, **kw)
+    plugin.__class__ = promote_act.ActionModule
+    return plugin
+
+
+@pytest.mark.parametrize("args", [dict(PROMOTE_ARGS, smoke_gate=None), dict(PROMOTE_ARGS, promote=False),
+                                  dict(PROMOTE_ARGS, promote="no"), dict(PROMOTE_ARGS, progress_interval=0)])
+def test_a_promote_without_a_gate_to_run_is_one_plain_run(args):
+    plugin = promote_action(args)
+    plugin._execute_module = MagicMock(return_value={"changed": True, "promoted": False})
+    result = plugin.run(task_vars={"inventory_hostname": "n1"})
+    assert plugin._execute_module.call_count == 1 and plugin._execute_module.call_args.kwargs["wrap_async"] is False
+    assert result["changed"] is True
+
+
+def test_the_gate_is_polled_with_its_own_budget_log_and_secret(monkeypatch):
+    plugin = promote_action(dict(PROMOTE_ARGS))
+    probes = []
+    answers = [{"job": "running", "step": "verifying", "step_s": 5.0, "detail": "smoke gate", "log": "Decode batch",
+                "gpu_holders": []}, {"job": "finished"}]
+
+    def execute(module_name=None, module_args=None, task_vars=None, wrap_async=False, **kw):
+        if module_name is None:
+            assert wrap_async is True and plugin._task.async_val == promote_act.time_limit(PROMOTE_ARGS)
+            return {"ansible_job_id": "j9", "started": True}
+        if module_name == act.PROGRESS_MODULE:
+            probes.append(dict(module_args))
+            return answers.pop(0)
+        if module_args.get("mode") == "cleanup":
+            return {"erased": "x"}
+        return {"changed": True, "promoted": True, "finished": True, "ansible_job_id": "j9"}
+
+    plugin._execute_module = execute
+    shown = []
+    monkeypatch.setattr(act.display, "display", lambda msg, *a, **kw: shown.append(msg))
+    assert plugin.run(task_vars={"inventory_hostname": "n1"}) == {"changed": True, "promoted": True}
+    assert probes[0] == {"jid": "j9", "async_dir": "~/.ansible_async", "wait": 2, "journal": "/var/lib/sglang/main/journal.json",
+                         "log_file": "/var/log/sglang/main.log", "secrets": ["sk-gate-secret"]}
+    assert len(shown) == 1 and re.match(r"^n1: smoke gate \d+ s; step verifying for 5 s of 120 s \(smoke gate\); "
+                                        r"log: Decode batch$", shown[0]), shown
+    assert promote_act.time_limit(PROMOTE_ARGS) == 2 * (120 + 120) + promote_act.LIMIT_FLOOR_S
