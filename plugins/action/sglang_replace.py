@@ -7,11 +7,12 @@
 The module is one silent run of up to ``health_timeout`` (1800 s by default). ansible-runner and AWX end a job
 that prints nothing for ``idle_timeout`` seconds, while the redeploy goes on with no one watching. With
 ``progress_interval`` > 0 this action starts the module as an Ansible async job (``async_wrapper``, the machinery
-of ``async:``), then runs the read-only ``sglang_progress`` module, which waits on the node for the job to end, at
-most ``progress_interval`` seconds, and otherwise reads the journal step, the server log's last line (masked) and
-the GPU holders; the action prints one line per host from them (``Display.display``: the terminal, ansible-runner's
-stdout and AWX's job events). Once the job has finished, ``async_status`` reads its result, which is returned as the
-module returned it (the async bookkeeping keys removed), and the job file is removed.
+of ``async:``), then runs the ``sglang_progress`` module, which waits on the node for the job to end, at most
+``progress_interval`` seconds, and otherwise reads the journal step, the server log's last line (masked) and the GPU
+holders; the action prints one line per host from them (``Display.display``: the terminal, ansible-runner's stdout and
+AWX's job events). Once the job has finished, that same ``sglang_progress`` run returns the job's result as
+``async_status`` would and removes the job file (one module run, not two); it is returned as the module returned it,
+the async bookkeeping keys removed. When the progress cannot be read, the job is polled with ``async_status``.
 
 Nothing here runs inside the outage: the job runs on the node on its own, and the progress runs only read. The job
 ends as it would have without progress; its end is seen within about 0.2 s (the progress module watches the job file).
@@ -185,26 +186,31 @@ class ActionModule(ActionBase):
             if blind:
                 time.sleep(interval)
                 state = self._run_module("ansible.legacy.async_status", {"jid": jid, "_async_dir": async_dir}, task_vars)
+                if state.get("finished"):
+                    self._run_module("ansible.legacy.async_status", {"jid": jid, "mode": "cleanup", "_async_dir": async_dir},
+                                     task_vars)
                 if state.get("finished") or state.get("failed"):
-                    break
+                    return _module_result(state)
                 continue
             seen = self._run_module(PROGRESS_MODULE, probe, task_vars)
+            if seen.get("finished") is True and seen.get("ansible_job_id") == jid:
+                return _module_result(seen)          # the job's own result; sglang_progress removed the job file
             if seen.get("failed"):
                 # The progress is only a view: without it, the job is polled as plain async.
                 display.display("%s: the progress cannot be read (%s); waiting for the job without it"
                                 % (host, str(seen.get("msg") or "")[:200]))
                 blind = True
                 continue
-            if seen.get("job") != "running":
-                break
             display.display(progress.line(host, what, time.monotonic() - began, seen, steps, gpus))
-        final = self._run_module("ansible.legacy.async_status", {"jid": jid, "_async_dir": async_dir}, task_vars)
-        if final.get("finished") or "started" not in final:
-            self._run_module("ansible.legacy.async_status", {"jid": jid, "mode": "cleanup", "_async_dir": async_dir}, task_vars)
-        for key in ASYNC_KEYS:
+
+
+def _module_result(final):
+    """The job's result less what the async machinery added to it."""
+    final = dict(final)
+    for key in ASYNC_KEYS:
+        final.pop(key, None)
+    for key in ("stdout", "stderr"):
+        if final.get(key) == "":
             final.pop(key, None)
-        for key in ("stdout", "stderr"):
-            if final.get(key) == "":
-                final.pop(key, None)
-                final.pop(key + "_lines", None)
-        return final
+            final.pop(key + "_lines", None)
+    return final

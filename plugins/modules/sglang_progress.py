@@ -8,11 +8,13 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: sglang_progress
-short_description: Where a running redeploy stands on the node (journal step, server log, GPU holders), read-only
+short_description: Where a running redeploy stands on the node (journal step, server log, GPU holders), or its result
 version_added: 0.2.0
 description:
-  - Read-only. Waits at most O(wait) seconds for the Ansible async job O(jid) to finish, and, when it has not,
-    reads the node journal's step (C(<state_dir>/journal.json)), the last line of the server's log (secret values
+  - Waits at most O(wait) seconds for the Ansible async job O(jid) to finish. When it has, returns the job's result
+    as C(ansible.builtin.async_status) does (the module's own result with RV(finished) and RV(ansible_job_id)) and removes
+    the job file, as C(async_status mode=cleanup) does; this is all it changes on the node.
+  - When it has not, it reads the node journal's step (C(<state_dir>/journal.json)), the last line of the server's log (secret values
     masked) and the processes that have a target GPU's device file open (from C(/proc); nvidia-smi is never run).
   - The C(sglang_replace) action runs it between its polls of the replace job, to print one progress line per host
     every C(progress_interval) seconds (docs/user-guide.md, "Progress while the server loads"); it is not meant to
@@ -60,6 +62,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
+    details: A finished job's file is removed in check mode too (the job itself never runs in check mode).
   diff_mode:
     support: none
   platform:
@@ -78,8 +81,16 @@ EXAMPLES = r"""
 
 RETURN = r"""
 job:
-  description: V(running), V(finished) or V(missing) (no such async job file); V(none) without O(jid).
-  returned: always
+  description: V(running), or V(none) without O(jid). A finished job returns its own result instead; a missing one fails.
+  returned: while the job runs, or without O(jid)
+  type: str
+finished:
+  description: True, with the finished job's own result (as C(async_status) returns it).
+  returned: when the job has finished
+  type: bool
+ansible_job_id:
+  description: The finished job's id.
+  returned: when the job has finished
   type: str
 step:
   description: The journal's step (null without a journal).
@@ -104,8 +115,10 @@ gpu_holders:
   elements: dict
 """
 
+import json
 import shutil
 import subprocess
+import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import progress
@@ -145,8 +158,16 @@ def main():
         module.fail_json(msg="wait must be 0 or more seconds, got %s" % p["wait"])
     secrets = [s for s in p["secrets"] if s]
     job = progress.wait_job(p["async_dir"], p["jid"], p["wait"]) if p["jid"] else "none"
-    if job in ("finished", "missing"):
-        module.exit_json(changed=False, job=job)
+    if job == "missing":
+        module.fail_json(msg="could not find async job %s in %s" % (p["jid"], p["async_dir"]), job=job)
+    if job == "finished":
+        try:
+            data = progress.take_result(p["async_dir"], p["jid"])
+        except (OSError, ValueError) as exc:
+            module.fail_json(msg="could not read the result of async job %s: %s" % (p["jid"], exc), job=job)
+        # As async_status: the job's result as its module returned it (already processed by its exit_json).
+        print("\n%s" % json.dumps(data))  # pylint: disable=ansible-bad-function
+        sys.exit(0)  # pylint: disable=ansible-bad-function
     node = progress.read(p["journal"], p["log_file"], p["gpus"], p["device_paths"], secrets)
     if node["log"] is None and p["unit"] and not p["log_file"]:
         node["log"] = _unit_line(p["unit"], secrets)

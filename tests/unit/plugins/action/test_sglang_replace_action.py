@@ -1,7 +1,7 @@
 """Tests for the gpufleet.sglang.sglang_replace action plugin (plugins/action/sglang_replace.py): the interval check
 (the variable named, nothing run), the budgets and the async time limit, the plain fallbacks (interval 0, check mode,
 a task with async, native async), and the async path with module runs mocked: one progress line per poll, the
-module's result returned without the async keys, the job file cleaned up."""
+module's result returned by the last progress run without the async keys, async_status when the progress fails."""
 from __future__ import annotations
 
 import re
@@ -97,9 +97,7 @@ def test_the_async_path_prints_one_line_per_poll_and_returns_the_modules_result(
               "log": "SIGTERM received", "gpu_holders": [{"pid": 5, "name": "sglang::schedul", "gpus": ["0", "1"]}]},
              {"job": "running", "step": "launching", "step_s": 40.0, "detail": "candidate PID 9 started",
               "log": "[TP0] Load weight begin.", "gpu_holders": []},
-             {"job": "finished"}]
-    final = dict(MODULE_RESULT, ansible_job_id="j1.2", started=False, finished=True, results_file="/x/j1.2",
-                 stdout="", stderr="", stdout_lines=[], stderr_lines=[])
+             dict(MODULE_RESULT, ansible_job_id="j1.2", finished=True)]
 
     def execute(module_name=None, module_args=None, task_vars=None, wrap_async=False, **kw):
         calls.append((module_name, dict(module_args or {}), wrap_async, plugin._task.async_val))
@@ -107,9 +105,7 @@ def test_the_async_path_prints_one_line_per_poll_and_returns_the_modules_result(
             return {"ansible_job_id": "j1.2", "started": True, "finished": False, "changed": True}
         if module_name == act.PROGRESS_MODULE:
             return polls.pop(0)
-        if module_args.get("mode") == "cleanup":
-            return {"ansible_job_id": "j1.2", "erased": "/x/j1.2"}
-        return dict(final)
+        raise AssertionError("no other module runs: sglang_progress returns the result and removes the job file")
 
     plugin._execute_module = execute
     shown = []
@@ -125,7 +121,7 @@ def test_the_async_path_prints_one_line_per_poll_and_returns_the_modules_result(
     assert probes[0] == {"jid": "j1.2", "async_dir": "~/.ansible_async", "wait": 7, "gpus": ["0", "1"],
                          "journal": "/var/lib/sglang/main/journal.json", "log_file": "/var/log/sglang/main.log",
                          "device_paths": ["/dev/nvidia*"], "secrets": ["hf_secret_456", "sk-action-secret-123"]}
-    assert [c[1].get("mode", "status") for c in calls if c[0] == "ansible.legacy.async_status"] == ["status", "cleanup"]
+    assert len(calls) == 4                                  # the start and three progress runs, nothing else
     assert len(shown) == 2
     assert shown[0].startswith("gpu-01: replacing the server (phase all) ") and "step teardown for 3 s of 45 s" in shown[0]
     assert "GPUs held: PID 5 (sglang::schedul) on GPU 0,1" in shown[0] and shown[0].endswith("log: SIGTERM received")
@@ -141,12 +137,12 @@ def test_a_failed_start_is_returned_and_nothing_is_polled():
 
 def test_when_the_progress_cannot_be_read_the_job_is_polled_without_it(monkeypatch):
     plugin = action(dict(ARGS, progress_interval=1))
-    statuses = [{"started": True, "finished": False}, dict(MODULE_RESULT, finished=True, ansible_job_id="j3"),
-                dict(MODULE_RESULT, finished=True, ansible_job_id="j3"), {"erased": "x"}]
+    statuses = [{"started": True, "finished": False, "ansible_job_id": "j3"},
+                dict(MODULE_RESULT, finished=True, ansible_job_id="j3", results_file="/x/j3"), {"erased": "x"}]
     names = []
 
     def execute(module_name=None, module_args=None, task_vars=None, wrap_async=False, **kw):
-        names.append(module_name)
+        names.append((module_name, (module_args or {}).get("mode")))
         if module_name is None:
             return {"ansible_job_id": "j3", "started": True}
         if module_name == act.PROGRESS_MODULE:
@@ -159,7 +155,9 @@ def test_when_the_progress_cannot_be_read_the_job_is_polled_without_it(monkeypat
     monkeypatch.setattr(act.time, "sleep", lambda s: None)
     result = plugin.run(task_vars={"inventory_hostname": "n1"})
     assert result == MODULE_RESULT
-    assert names.count(act.PROGRESS_MODULE) == 1
+    assert names == [(None, None), (act.PROGRESS_MODULE, None), ("ansible.legacy.async_status", None),
+                     ("ansible.legacy.async_status", None), ("ansible.legacy.async_status", "cleanup")]
+    assert not statuses
     assert len(shown) == 1 and "the progress cannot be read (No module named x)" in shown[0]
 
 
@@ -194,7 +192,7 @@ def test_the_gate_is_polled_with_its_own_budget_log_and_secret(monkeypatch):
     plugin = promote_action(dict(PROMOTE_ARGS))
     probes = []
     answers = [{"job": "running", "step": "verifying", "step_s": 5.0, "detail": "smoke gate", "log": "Decode batch",
-                "gpu_holders": []}, {"job": "finished"}]
+                "gpu_holders": []}, {"changed": True, "promoted": True, "finished": True, "ansible_job_id": "j9"}]
 
     def execute(module_name=None, module_args=None, task_vars=None, wrap_async=False, **kw):
         if module_name is None:
@@ -203,9 +201,7 @@ def test_the_gate_is_polled_with_its_own_budget_log_and_secret(monkeypatch):
         if module_name == act.PROGRESS_MODULE:
             probes.append(dict(module_args))
             return answers.pop(0)
-        if module_args.get("mode") == "cleanup":
-            return {"erased": "x"}
-        return {"changed": True, "promoted": True, "finished": True, "ansible_job_id": "j9"}
+        raise AssertionError("no other module runs")
 
     plugin._execute_module = execute
     shown = []
