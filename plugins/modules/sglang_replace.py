@@ -136,6 +136,16 @@ options:
     description: The node lease this run holds (C(path), C(ttl)); renewed while the module works.
     type: dict
     default: {}
+  progress_interval:
+    description:
+      - Seconds between two progress lines while the module runs (the journal step against its budget, the GPU holders,
+        the server log's last line, secrets masked); V(0) turns them off. Handled by the C(sglang_replace) action, which then
+        runs the module as an async job and polls it with M(gpufleet.sglang.sglang_progress) (docs/user-guide.md,
+        "Progress while the server loads"). The result is the module's, as without progress.
+      - Without progress (V(0), check mode, a task with C(async), a connection with native async) the module runs as one
+        plain run.
+    type: int
+    default: 15
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -304,6 +314,7 @@ def main():
             run_id=dict(type="str", required=True),
             lease=dict(type="dict", default={}),
             planned=dict(type="dict", default={}),
+            progress_interval=dict(type="int", default=15),   # read by the action plugin (plugins/action/sglang_replace.py)
             **http.TLS_ARGSPEC
         ),
         supports_check_mode=False,
