@@ -237,7 +237,7 @@ options:
       - Persistent directory of the server's JIT and compile caches (SGLang, DeepGEMM, torch inductor, Triton, CUDA,
         TileLang, FlashInfer, torch extensions), one sub-directory each (docs/reference/compile-caches.md). The launch
         spec's env points each cache variable there, except those set in O(env); the directories are checked like
-        O(directories) and returned in RV(plan.cache.dirs) for the deploy to create.
+        O(directories) and returned in the C(dirs) of RV(plan.cache) for the deploy to create.
       - Empty leaves SGLang's and the libraries' own defaults.
     type: path
     default: ""

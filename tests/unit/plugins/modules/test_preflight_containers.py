@@ -16,6 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from test_sglang_preflight import hand_started, monitor, node, run  # noqa: E402,F401 - the fixtures and helpers
 
+__all__ = ["node", "run"]   # the fixtures, used as test parameters
+
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 
 CID = "ab" * 32
@@ -50,9 +52,9 @@ def test_a_server_in_a_container_on_the_managed_port_is_not_adopted(node, run, b
     assert [(h["pid"], h["class"], h["container"]["id"]) for h in res["plan"]["holders"]] == [(srv["child"], "foreign", CID)]
     assert len(res["problems"]) == 1, res["problems"]
     text = res["problems"][0]
-    assert text.startswith("PID %d (" % srv["pid"]) and ("on port %d; GPU holder PID %d (foreign, GPUs 0) run in the docker "
-                                                        "container (id %s, not inspected: docker is not installed here)"
-                                                        % (node.port, srv["child"], CID[:12])) in text
+    expected = ("on port %d; GPU holder PID %d (foreign, GPUs 0) run in the docker container (id %s, not inspected: "
+                "docker is not installed here)" % (node.port, srv["child"], CID[:12]))
+    assert text.startswith("PID %d (" % srv["pid"]) and expected in text
     assert "and docker starts it again" in text
     assert "`docker stop %s` and `docker update --restart=no %s`" % (CID, CID) in text
     # Neither allow_foreign nor adopt_pids makes it a teardown root.
