@@ -348,6 +348,8 @@ def report_row(v, mask):
                   "took_over": _mapping(lease.get("took_over")).get("owner"),
                   "took_over_reason": lease.get("took_over_reason")},
         "node_state": node_state,
+        # The checkpoint prefetch before the teardown (sglang_prefetch): its line, None when it did not run.
+        "prefetch": _mapping(v.get("prefetch")).get("line"),
     }
 
 
