@@ -23,7 +23,7 @@ description:
   - Files whose pages are all resident already (measured with C(mincore(2))) are skipped and do not count against
     the budget; so are the resident chunks of a partly resident file. The result gives the resident share before
     and after, in bytes and percent.
-  - Nothing on the node changes but the page cache: the task never reports changed, and does nothing in check mode.
+  - Nothing on the node changes but the page cache; the task never reports changed, and does nothing in check mode.
 options:
   paths:
     description: Checkpoint directories (the model, the draft model); their safetensors shards are read, in order.
@@ -96,7 +96,6 @@ prefetch:
     resident_before:
       description: Resident bytes and percent of the shards before the reads.
       type: dict
-      sample: {bytes: 1073741824, percent: 12.5}
     resident_after:
       description: Resident bytes and percent after the reads.
       type: dict
