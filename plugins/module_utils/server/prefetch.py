@@ -218,6 +218,8 @@ def prefetch(files, budget_bytes, timeout, chunk=CHUNK, clock=time.monotonic):
                     read += got
                     file_read += got
                     offset += got
+                if stopped and not file_read:
+                    skipped.append({"path": path, "why": stopped})
             else:
                 skipped.append({"path": path, "why": stopped})
             res_after = sum(resident_range(fd, off, min(GIB, size - off), lib) for off in range(0, size, GIB))
