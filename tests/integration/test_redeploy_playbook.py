@@ -797,7 +797,7 @@ def test_prefetch_warms_the_new_checkpoint_before_the_teardown_within_its_budget
             expect_skipped.append({"path": shard, "why": "budget"})
         else:
             read += min(os.path.getsize(shard), budget - read)
-    assert expect_skipped and all(s in got["skipped"] for s in expect_skipped), ([os.path.basename(s["path"]) + " " + s["why"] for s in got["skipped"]], got["per_file"] if "per_file" in got else got)
+    assert expect_skipped and all(s in got["skipped"] for s in expect_skipped), (expect_skipped, got["skipped"])
     assert got["resident_after"]["bytes"] > got["resident_before"]["bytes"]
     assert any("stopped at the memory budget" in w for w in res.get("warnings") or []), res.get("warnings")
     assert run.row()["prefetch"] == got["line"] and "stopped at the memory budget" in got["line"]

@@ -17,7 +17,6 @@ memory budget (MemAvailable less a reserve, never the old server's memory) and a
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 import platform
@@ -35,13 +34,20 @@ IOPRIO_CLASS_IDLE = 3
 IOPRIO_CLASS_SHIFT = 13
 
 
+_LIBC = []
+
+
 def _libc():
-    lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    """libc with the prototypes used here (the interpreter's own symbols: no ``ldconfig`` run), loaded once."""
+    if _LIBC:
+        return _LIBC[0]
+    lib = ctypes.CDLL(None, use_errno=True)
     lib.mmap.restype = ctypes.c_void_p
     lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     lib.syscall.restype = ctypes.c_long
+    _LIBC.append(lib)
     return lib
 
 
