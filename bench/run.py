@@ -1,8 +1,8 @@
 """`make bench`: the clock check, the outage benchmark, the teardown benchmark, the fleet benchmark, the
 node oracle's cost and the checkpoint check's, then the ratios of this run against the goals.
 
-    .venv/bin/python bench/run.py [--only clock,outage,progress,teardown,fleet,oracle,checkpoint] [--outage-runs N]
-                                  [--runs N]
+    .venv/bin/python bench/run.py [--only clock,outage,progress,teardown,fleet,oracle,checkpoint,prefetch]
+                                  [--outage-runs N] [--runs N]
                                   [--sizes 1,8,32] [--fleet-runs N] [--oracle newest|all|none]
                                   [--profile] [--playbook PATH] [--keep]
 
@@ -25,7 +25,7 @@ import time
 
 import _common as c
 
-PARTS = ("clock", "outage", "progress", "teardown", "fleet", "oracle", "checkpoint")
+PARTS = ("clock", "outage", "progress", "teardown", "fleet", "oracle", "checkpoint", "prefetch")
 
 # Goals of issue 15 (and the per-host counts of its "what to build").
 GOAL_ADDED_S = 1.0
@@ -54,6 +54,7 @@ def parse_args(argv=None):
                     help="outage/fleet: the redeploy playbook to time (default playbooks/redeploy.yml)")
     ap.add_argument("--checkpoint-shards", default="200",
                     help="checkpoint: shard counts of the checkpoints to verify, comma-separated (default 200)")
+    ap.add_argument("--prefetch-mib", type=int, default=256, help="prefetch: size of the checkpoint in MiB (default 256)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (.cache/bench/<timestamp>)")
     opts = ap.parse_args(argv)
     if opts.runs < 1 or opts.fleet_runs < 1 or opts.outage_runs < 1:
@@ -319,6 +320,12 @@ def main(argv=None):
         print("\n== checkpoint check (shards %s)" % ",".join(map(str, opts.checkpoint_shards)), flush=True)
         result["checkpoint"] = checkpoint.run(opts, workdir)
         texts.append(checkpoint.report(result["checkpoint"]))
+        print("\n" + texts[-1], flush=True)
+    if "prefetch" in opts.parts:
+        import prefetch  # pylint: disable=import-outside-toplevel
+        print("\n== checkpoint prefetch (%d MiB)" % opts.prefetch_mib, flush=True)
+        result["prefetch"] = prefetch.run(opts, workdir)
+        texts.append(prefetch.report(result["prefetch"]))
         print("\n" + texts[-1], flush=True)
     if "oracle" in opts.parts and opts.oracle != "none":
         print("\n== oracle cost", flush=True)

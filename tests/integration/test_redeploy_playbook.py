@@ -28,7 +28,8 @@ import pathlib
 
 import pytest
 
-from checkpoint_files import write_checkpoint
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import prefetch as pf
+from checkpoint_files import SMALL_LAYOUT, write_checkpoint
 from playbook_helpers import (FAST_SERVER_ENV, HOST, REPORT_KEYS, RESOLVED_SPEC, Procs, SimNode, alive, cmdline,
                               environ_of, http_get, session_members, starttime, wait_for)
 
@@ -755,6 +756,65 @@ def test_check_diff_shows_the_changed_args_and_a_real_diff_run_shows_them_once(n
     assert out.count("--- before: SGLang server %s: command line (running PID %d, identity " % (node.name, pid)) == 1
     assert node.api_key not in real.everything()
     assert node.server_pid() != pid and node.server_info()["mem_fraction_static"] == 0.7
+
+
+PREFETCH = "Warm the checkpoint into the page cache while the old server serves"
+MIB = 1024 * 1024
+
+
+def evict(path):
+    """Drop a file's clean pages from the page cache (the node's tmp dir is on a disk-backed file system)."""
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_prefetch_warms_the_new_checkpoint_before_the_teardown_within_its_budget(node):
+    """A new checkpoint of four ~2 MiB shards: the first is resident (just written and read), the others dropped from
+    the page cache. With sglang_prefetch on and a 2 MiB cap, the prefetch runs after the preflight and before the
+    replace (while the old server serves), skips the resident shard, reads up to the budget and stops there."""
+    pid = ensure_deployed(node)
+    ckpt = node.models / "kimi-k2.5-prefetch"
+    layout = dict(SMALL_LAYOUT, **{"model.layers.0.mlp.extra_%d.weight" % i: ("BF16", (1024, 1024)) for i in range(4)})
+    write_checkpoint(ckpt, config=(node.target / "config.json").read_text(), layout=layout, seed="prefetch", shards=4)
+    shards = sorted(str(p) for p in ckpt.glob("model-*.safetensors"))
+    assert len(shards) == 4
+    for shard in shards[1:]:
+        evict(shard)
+    pathlib.Path(shards[0]).read_bytes()
+    cold = [pf.residency(s)[0] for s in shards[1:]]
+    assert all(r < os.path.getsize(s) // 2 for r, s in zip(cold, shards[1:])), \
+        "the test's file system keeps dropped pages (%s): the prefetch test needs a disk-backed one" % cold
+    assert pf.residency(shards[0])[0] == os.path.getsize(shards[0])
+    budget = 2 * MIB
+    run = node.run(host_vars=node.host_vars(sglang_server_args=node.server_args(model_path=str(ckpt))),
+                   extravars={"sglang_prefetch": "on", "sglang_prefetch_max_gb": budget / 1024.0 ** 3})
+    assert run.rc == 0 and run.row()["status"] == "deployed", run.summary()
+    names = run.task_names()
+    replace = [i for i, n in enumerate(names) if n and n.startswith("Replace the server in one module run, candidate")]
+    assert names.index(PREFLIGHT) < names.index(PREFETCH) < replace[0], names
+    res = run.task_result(PREFETCH)
+    got = res["prefetch"]
+    assert res["changed"] is False and got["budget_bytes"] == budget
+    # The draft model's shards come after the model's.
+    assert got["files"] >= 4 and got["errors"] == []
+    assert {"path": shards[0], "why": "resident"} in got["skipped"]
+    # The reads stopped at the budget: whole shards until 2 MiB were read, then nothing more.
+    assert got["stopped"] == "budget" and got["bytes_read"] == budget
+    read, expect_skipped = 0, []
+    for shard in shards[1:]:
+        if read >= budget:
+            expect_skipped.append({"path": shard, "why": "budget"})
+        else:
+            read += min(os.path.getsize(shard), budget - read)
+    assert expect_skipped and all(s in got["skipped"] for s in expect_skipped), (expect_skipped, got["skipped"])
+    assert got["resident_after"]["bytes"] > got["resident_before"]["bytes"]
+    assert any("stopped at the memory budget" in w for w in res.get("warnings") or []), res.get("warnings")
+    assert run.row()["prefetch"] == got["line"] and "stopped at the memory budget" in got["line"]
+    assert node.server_info()["model_path"] == str(ckpt)
 
 
 def test_api_key_appears_in_no_event_report_or_command_line(node):

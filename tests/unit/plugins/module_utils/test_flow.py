@@ -210,6 +210,9 @@ def test_report_row_of_a_deployed_host():
     assert row["rollback"] == {"status": "not_needed", "detail": None}
     assert row["lease"] == {"waited_s": 2, "waited_for": None, "took_over": "r0", "took_over_reason": None}
     assert row["node_state"] == "promoted config running" and row["planned_teardown"] == []
+    assert row["prefetch"] is None
+    line = "prefetch: 4 file(s), 8.0 MiB, resident 25.0% -> 100.0%, read 6.0 MiB in 0.1 s"
+    assert _row(replace=replace, prefetch={"line": line, "bytes_read": 6})["prefetch"] == line
 
 
 def test_report_row_of_a_rolled_back_host_counts_both_runs():
