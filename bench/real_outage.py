@@ -99,6 +99,15 @@ def _gpu_busy(node):
     return proc.returncode != 0 or bool(proc.stdout.strip())
 
 
+def _hand_start(node, tokens, log):
+    """The real server started by hand (its own session, tracked by PID), as test_redeploy_real's engineer does."""
+    env = dict(node.env)
+    env.pop("PYTHONPATH", None)          # the simulator's fake sglang package must not shadow the real one
+    env.update(node.server_env(), SGLANG_LOG_MS="1")
+    flags = node._flags(node.server_args(max_total_tokens=tokens))  # pylint: disable=protected-access
+    return node.procs.spawn([node.real_python, "-m", "sglang.launch_server"] + flags, env=env, log=log)
+
+
 def _manual(node, ph, current, tokens, n):
     """SIGTERM the PID, poll nvidia-smi by hand until the GPU is free, start the new server, poll /health."""
     t0 = time.time()
@@ -118,11 +127,7 @@ def _manual(node, ph, current, tokens, n):
     freed = time.time()
     current.wait(timeout=30)
     log = node.logs / ("manual-%d.log" % n)
-    env = dict(node.env)
-    env.pop("PYTHONPATH", None)
-    env.update(node.server_env(), SGLANG_LOG_MS="1")
-    argv = [node.real_python, "-m", "sglang.launch_server"] + node._flags(node.server_args(max_total_tokens=tokens))  # pylint: disable=protected-access
-    new = node.procs.spawn(argv, env=env, log=log)
+    new = _hand_start(node, tokens, log)
     health_polls = 0
     while new.poll() is None and time.time() - t0 < 600:
         time.sleep(MANUAL_POLL_S)
@@ -160,11 +165,7 @@ def run(opts, workdir, python):
                          extravars={"sglang_redeploy_force": True})
         if first.rc != 0:
             raise RuntimeError("real-outage: the first deploy failed:\n%s" % first.summary()[-3000:])
-        env = dict(man.env)
-        env.pop("PYTHONPATH", None)
-        env.update(man.server_env(), SGLANG_LOG_MS="1")
-        current = procs.spawn([python, "-m", "sglang.launch_server"] + man._flags(man.server_args(max_total_tokens=TOKENS[0])),  # pylint: disable=protected-access
-                              env=env, log=man.logs / "by-hand.log")
+        current = _hand_start(man, TOKENS[0], man.logs / "by-hand.log")
         ph.wait_for(lambda: man.health() == 200 or current.poll() is not None, 300, 0.5, "the hand-started real server")
         if current.poll() is not None:
             raise RuntimeError("real-outage: the hand-started real server exited:\n%s"
