@@ -212,6 +212,8 @@ def summarise(result):
 def report(result):
     if "skipped" in result:
         return "Real-server outage: skipped (%s)" % result["skipped"]
+    if "error" in result:
+        return "Real-server outage: FAILED (every process it started was stopped):\n%s" % result["error"]
     s, cfg = result["summary"], result["config"]
     rows = []
     for n in range(max(len(result["ours"]), len(result["manual"]))):

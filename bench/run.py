@@ -336,7 +336,10 @@ def main(argv=None):
         print("\n== real-server outage benchmark (%d rounds each, real SGLang 0.5.23)" % opts.real_outage_runs, flush=True)
         python, why = real_outage.ensure_venv(build=opts.real_outage_asked)
         if python:
-            result["real_outage"] = real_outage.run(opts, workdir, python)
+            try:
+                result["real_outage"] = real_outage.run(opts, workdir, python)
+            except Exception as exc:  # pylint: disable=broad-except - the other parts' figures are still written
+                result["real_outage"] = {"error": str(exc)[-3000:]}
         else:
             result["real_outage"] = {"skipped": why + ("" if opts.real_outage_asked else
                                                        "; build it with `.venv/bin/python tests/real_server/env.py`"
@@ -363,6 +366,7 @@ def main(argv=None):
     failed = failed or any(size.get("failed") for size in result.get("fleet", {}).get("sizes", []))
     failed = failed or bool(result.get("outage", {}).get("summary", {}).get("failures"))
     failed = failed or bool(result.get("real_outage", {}).get("summary", {}).get("failures"))
+    failed = failed or "error" in result.get("real_outage", {})
     failed = failed or (opts.real_outage_asked and "skipped" in result.get("real_outage", {}))
     return 1 if failed else 0
 
