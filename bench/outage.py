@@ -89,7 +89,10 @@ def _redeploy(opts, base, host, models, kind, state, n, launched):
         state["model"] = "kimi-k2.5-step2" if state["model"] == "kimi-k2.5" else "kimi-k2.5"
     args = fleet.server_args(models, plain=True, model_path=os.path.join(models, state["model"]),
                              schedule_policy=state["policy"])
-    out, new = fleet.timed_run(opts, base, [host], kind, {"sglang_server_args": args}, "%s-%d" % (kind, n), quiet=True)
+    # Progress lines off: this part counts the redeploy's own module runs against issue 15's goal; the "progress"
+    # part measures what the lines cost (its async job and progress reads) on their own.
+    out, new = fleet.timed_run(opts, base, [host], kind, {"sglang_server_args": args, "sglang_server_progress_interval": 0},
+                               "%s-%d" % (kind, n), quiet=True)
     launched += new
     h = out["hosts"][0]
     out["mode"] = out["modes"].get(host["name"])

@@ -1,8 +1,8 @@
 """`make bench`: the clock check, the outage benchmark, the teardown benchmark, the fleet benchmark, the
 node oracle's cost and the checkpoint check's, then the ratios of this run against the goals.
 
-    .venv/bin/python bench/run.py [--only clock,outage,teardown,fleet,oracle,checkpoint,real-outage] [--outage-runs N]
-                                  [--real-outage-runs N] [--runs N]
+    .venv/bin/python bench/run.py [--only clock,outage,progress,teardown,fleet,oracle,checkpoint,real-outage]
+                                  [--outage-runs N] [--real-outage-runs N] [--runs N]
                                   [--sizes 1,8,32] [--fleet-runs N] [--oracle newest|all|none]
                                   [--profile] [--playbook PATH] [--keep]
 
@@ -25,7 +25,7 @@ import time
 
 import _common as c
 
-PARTS = ("clock", "outage", "teardown", "fleet", "oracle", "checkpoint", "real-outage")
+PARTS = ("clock", "outage", "progress", "teardown", "fleet", "oracle", "checkpoint", "real-outage")
 
 # Goals of issue 15 (and the per-host counts of its "what to build").
 GOAL_ADDED_S = 1.0
@@ -307,6 +307,12 @@ def main(argv=None):
         result["outage"] = outage.run(opts, workdir)
         texts.append(outage.report(result["outage"]))
         print("\n" + texts[-1], flush=True)
+    if "progress" in opts.parts:
+        import progress  # pylint: disable=import-outside-toplevel
+        print("\n== progress benchmark (%d rounds)" % opts.outage_runs, flush=True)
+        result["progress"] = progress.run(opts, workdir)
+        texts.append(progress.report(result["progress"]))
+        print("\n" + texts[-1], flush=True)
     if "teardown" in opts.parts:
         import teardown  # pylint: disable=import-outside-toplevel
         print("\n== teardown benchmark (%d runs per case)" % opts.runs, flush=True)
@@ -365,6 +371,7 @@ def main(argv=None):
     failed = any(case["summary"]["ansible_failures"] for case in result.get("teardown", {}).get("cases", {}).values())
     failed = failed or any(size.get("failed") for size in result.get("fleet", {}).get("sizes", []))
     failed = failed or bool(result.get("outage", {}).get("summary", {}).get("failures"))
+    failed = failed or bool(result.get("progress", {}).get("summary", {}).get("failures"))
     failed = failed or bool(result.get("real_outage", {}).get("summary", {}).get("failures"))
     failed = failed or "error" in result.get("real_outage", {})
     failed = failed or (opts.real_outage_asked and "skipped" in result.get("real_outage", {}))

@@ -57,6 +57,25 @@ def _would_signal(row):
     return out
 
 
+def _plan_and_lease(row):
+    """The plan (its action and why), the config it replaced and the lease waits, when the row has them."""
+    out = []
+    if row.get("plan_why"):
+        out.append("- Plan: %s: %s" % (_text(row.get("plan")), _text(row["plan_why"])))
+    previous = row.get("previous_args")
+    if isinstance(previous, dict) and previous:
+        out.append("- Previous config: %s" % ", ".join("%s=%s" % (_text(k), _text(previous[k])) for k in sorted(previous)))
+    lease = row.get("lease") or {}
+    if lease.get("waited_s") or lease.get("waited_for") or lease.get("took_over"):
+        text = "waited %s s" % _text(lease.get("waited_s") or 0)
+        if lease.get("waited_for"):
+            text += " for %s" % _text(lease["waited_for"])
+        if lease.get("took_over"):
+            text += "; took over the lease of %s (%s)" % (_text(lease["took_over"]), _text(lease.get("took_over_reason") or "?"))
+        out.append("- Lease: %s" % text)
+    return out
+
+
 def render_markdown(title, rows):
     """The Markdown report of ``rows`` (the format of docs/report.md)."""
     out = ["# SGLang redeploy report %s" % _text(title), "", TABLE_HEAD, TABLE_RULE]
@@ -78,6 +97,7 @@ def render_markdown(title, rows):
             out.append("- Error: %s" % _text(r["error"]))
         if rollback.get("detail"):
             out.append("- Rollback: %s: %s" % (_text(rollback.get("status")), _text(rollback["detail"])))
+        out += _plan_and_lease(r)
         out.append("- Adjustments:")
         out += ["  - `%s`: %s -> %s (%s, %s)" % tuple(_text(a.get(k)) for k in ("arg", "from", "to", "rule", "doc"))
                 for a in r.get("adjustments") or []] or ["  - none"]
@@ -92,6 +112,11 @@ def render_markdown(title, rows):
                                              ", ".join(_text(s) for s in p.get("signals") or [])
                                              or "exited with its server, not signalled directly")
                     for p in r.get("signalled") or []] or ["  - none"]
+        if r.get("exited"):
+            out.append("- Exited with their server (not signalled): %s" % ", ".join(
+                "PID %s (%s)" % (_text(p.get("pid")), _text(p.get("name") or "?")) for p in r["exited"]))
+        for path in r.get("details_files") or []:
+            out.append("- Full module result on the node: `%s`" % _text(path))
         out.append("")
     return "\n".join(out) + "\n"
 

@@ -370,6 +370,8 @@ node:
   description:
     - C(arch), C(draft_arch), C(systemd), C(gpus) (the target GPUs), C(all_gpus) (every GPU of the node, for a status view),
       C(gpu_count), C(backend), C(gpu), C(port_owner), C(probes).
+    - At verbosity 0 each GPU of C(gpus) and C(all_gpus) has C(index), C(used_mib) and C(pids) (its compute processes);
+      C(-v) returns the whole reading.
   returned: always
   type: dict
   contains:
@@ -437,7 +439,12 @@ lines:
   type: list
   elements: str
 problems:
-  description: Everything that stops the redeploy, each naming what to fix (the module fails when there is any).
+  description:
+    - Everything that stops the redeploy, each naming what to fix (the module fails when there is any).
+    - A failed run at verbosity 0 returns only C(msg), RV(problems), RV(lease) (C(acquired), the waits, the take-over
+      and the holder's run as C(holder.owner)), RV(resolved) (C(source), C(fallback)) and RV(plan) (C(action), and
+      C(holders) but the managed server's), so that the message is what an operator reads first; C(-v) returns
+      every key.
   returned: always
   type: list
   elements: str
@@ -445,6 +452,7 @@ problems:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import lean
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 
 
@@ -499,8 +507,17 @@ def main():
     http.configure_module(module)
     result = plan_mod.Preflight(module).run()
     if result.get("problems"):
-        module.fail_json(msg=result.pop("msg"), **result)
-    module.exit_json(**result)
+        msg = result.pop("msg")
+        # At verbosity 0 a failure returns what the roles read (the problems, the lease) and not the plan and the
+        # node, so that the message is the first thing an operator reads; -v returns everything.
+        module.fail_json(msg=msg, **with_invocation(module, result if module._verbosity >= 1 else lean.preflight_failure(result)))
+    module.exit_json(**with_invocation(module, result if module._verbosity >= 1 else lean.preflight_result(result)))
+
+
+def with_invocation(module, result):
+    """The result with its ``invocation`` trimmed below -vvv (lean.invocation)."""
+    trimmed = lean.invocation(module)
+    return dict(result, invocation=trimmed) if trimmed else result
 
 
 if __name__ == "__main__":

@@ -144,6 +144,18 @@ options:
     description: Release the lease.
     type: bool
     default: true
+  progress_interval:
+    description:
+      - With O(smoke_gate), seconds between two progress lines while the gate runs (the journal step C(verifying)
+        against the gate's C(timeout), the server log's last line, secrets masked); V(0) turns them off. Handled by the
+        C(sglang_promote) action, which then runs the module as an async job polled by M(gpufleet.sglang.sglang_progress)
+        (docs/user-guide.md, "Progress while the server loads"). The result is the module's, as without progress.
+      - Without O(smoke_gate), in check mode or with V(0), the module runs as one plain run.
+    type: int
+    default: 15
+  log_file:
+    description: The server's log file, whose last line the progress lines show (only read by the action's progress).
+    type: path
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -376,6 +388,8 @@ def main():
             run_id=dict(type="str", required=True),
             lease=dict(type="dict", default={}),
             release=dict(type="bool", default=True),
+            progress_interval=dict(type="int", default=15),   # read by the action plugin (plugins/action/sglang_promote.py)
+            log_file=dict(type="path"),                         # read by the action's progress only
             **http.TLS_ARGSPEC
         ),
         supports_check_mode=True,

@@ -136,6 +136,16 @@ options:
     description: The node lease this run holds (C(path), C(ttl)); renewed while the module works.
     type: dict
     default: {}
+  progress_interval:
+    description:
+      - Seconds between two progress lines while the module runs (the journal step against its budget, the GPU holders,
+        the server log's last line, secrets masked); V(0) turns them off. Handled by the C(sglang_replace) action, which then
+        runs the module as an async job and polls it with M(gpufleet.sglang.sglang_progress) (docs/user-guide.md,
+        "Progress while the server loads"). The result is the module's, as without progress.
+      - Without progress (V(0), check mode, a task with C(async), a connection with native async) the module runs as one
+        plain run.
+    type: int
+    default: 15
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -266,10 +276,22 @@ timings:
   description: Seconds per part (teardown_s, verify_free_s, candidate_healthy_s, verify_allocated_s).
   returned: always
   type: dict
+details_file:
+  description:
+    - The node's file (C(<state_dir>/details/<run_id>-replace-<target>-<phase>.json), mode 0600, secrets masked) with
+      this run's full result. At verbosity 0 the result leaves out its bulk, so that a failure prints its message
+      first and every AWX job event stays small; C(-v) returns the full result instead, and no file.
+    - "Left out at verbosity 0: C(effective) (the whole C(/server_info)), C(log_tail) and C(startup_phases) of RV(launch)
+      and C(rollback_launch) (the message quotes the last log lines), the drain's C(gpus) and C(holders) (and its
+      C(signalled) when it is RV(signalled)), C(model_info) of RV(weights); RV(gpus_free) and RV(gpus_allocated) keep
+      C(index), C(used_mib) and C(pids) per GPU."
+  returned: at verbosity 0, when the state directory is writable
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import lean
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import replace as engine
 
 
@@ -292,6 +314,7 @@ def main():
             run_id=dict(type="str", required=True),
             lease=dict(type="dict", default={}),
             planned=dict(type="dict", default={}),
+            progress_interval=dict(type="int", default=15),   # read by the action plugin (plugins/action/sglang_replace.py)
             **http.TLS_ARGSPEC
         ),
         supports_check_mode=False,
@@ -300,8 +323,20 @@ def main():
     try:
         result = engine.Replace(module).run()
     except engine.ReplaceFailed as exc:
-        module.fail_json(msg=exc.msg, **exc.result)
-    module.exit_json(**result)
+        module.fail_json(msg=exc.msg, **lean_result(module, exc.result, exc.msg))
+    module.exit_json(**lean_result(module, result))
+
+
+def lean_result(module, result, msg=None):
+    """At verbosity 0, the result without its bulk, the full one in a details file on the node (-v returns it whole)."""
+    if module._verbosity < 1:
+        launch = module.params["launch"] or {}
+        details = lean.write_details(launch.get("state_dir"), module.params["run_id"],
+                                     "replace-%s-%s" % (module.params["target"], module.params["phase"]),
+                                     dict(result, msg=msg) if msg else result)
+        result = lean.replace_result(result, details)
+    trimmed = lean.invocation(module)
+    return dict(result, invocation=trimmed) if trimmed else result
 
 
 if __name__ == "__main__":

@@ -163,20 +163,22 @@ def test_happy_path_replaces_the_incident_server(node):
     # The server's 5 directories, then the compile caches' (the cache directory and one per cache, docs/reference/compile-caches.md).
     assert replaced["directories"][5:] == pre["plan"]["cache"]["dirs"] and len(replaced["directories"]) == 14, replaced["directories"]
 
-    # The drain signalled the incident server (adopted: it was not recorded anywhere) and nothing else.
+    # The drain signalled the incident server (adopted: it was not recorded anywhere) and nothing else (its list is
+    # the result's signalled, at verbosity 0 not twice).
     drain = replaced["drain"]
-    assert drain["changed"] is True
-    roots = [p for p in drain["signalled"] if p["role"] == "root"]
-    assert [p["pid"] for p in roots] == [old_pid] and roots[0]["signals"][0] == "SIGTERM", drain["signalled"]
-    assert sorted(p["pid"] for p in drain["signalled"]) == sorted(old_tree), (drain["signalled"], old_tree)
-    assert node.decoy not in [p["pid"] for p in drain["signalled"]]
+    assert drain["changed"] is True and "signalled" not in drain
+    signalled = replaced["signalled"]
+    roots = [p for p in signalled if p["role"] == "root"]
+    assert [p["pid"] for p in roots] == [old_pid] and roots[0]["signals"][0] == "SIGTERM", signalled
+    assert sorted(p["pid"] for p in signalled) == sorted(old_tree), (signalled, old_tree)
+    assert node.decoy not in [p["pid"] for p in signalled]
     assert not any(alive(p) for p in old_tree)
     assert [s["step"] for s in replaced["steps"]] == ["teardown", "torn_down", "launching", "launched"], replaced["steps"]
 
     # The launch verified the effective config against the prediction, in the same module run.
     launch = replaced["launch"]
     assert replaced["changed"] is True and launch["overrides"] == [], launch
-    assert {k: launch["effective"][k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
+    assert {k: launch["effective_args"][k] for k in RESOLVED_SPEC} == RESOLVED_SPEC
     new_pid = node.server_pid()
     assert launch["pid"] == new_pid and new_pid != old_pid and alive(new_pid)
 
@@ -579,7 +581,19 @@ def test_status_playbook_reports_the_running_server(node):
     assert any(line.startswith("%s: " % HOST) for line in status["plan"]), status["plan"]
     assert status["lease"] == "free" and status["journal"].startswith("run ") and "promoted" in status["journal"]
     assert status["speculative"] == dict(RESOLVED_SPEC, speculative_algorithm="EAGLE3")
-    assert [g[0] for g in status["gpus"]] == TARGET_GPUS or [g[0] for g in status["gpus"]] == list(range(8))
+    # A labelled table: every GPU of the node (the server's two hold memory and a process each), then the server,
+    # its config, the known-good config and the lease.
+    table = status["table"]
+    assert table[0].split() == ["GPU", "used", "MiB", "processes"], table
+    gpus = [line.split() for line in table[1:9]]
+    assert [int(g[0]) for g in gpus] == list(range(8)), table
+    assert all(int(g[1]) > 100000 and g[2] == "1" for g in gpus[:2]) and all(g[2] == "0" for g in gpus[2:]), table
+    assert table[9] == "server      PID %d healthy (pid_file); /health 200" % pid, table
+    inspected = run.task_result("Inspect the node, the managed server, the journal and the lease (read-only)")["plan"]
+    assert table[10] == "config      %s; next redeploy: %s (%s)" % (
+        inspected["running"]["fingerprint"][:19], inspected["action"], inspected["why"]), table
+    assert table[11].startswith("known-good  ready: known-good config of "), table
+    assert table[12] == "lease       free" and len(table) == 13, table
     assert node.server_pid() == pid and alive(pid)
 
 
@@ -606,9 +620,8 @@ def test_teardown_playbook_frees_the_gpus(node):
     run = node.run("teardown.yml")
     assert run.rc == 0, run.summary()
     torn = run.task_result(TEARDOWN)
-    drain = torn["drain"]
-    assert [p["pid"] for p in drain["signalled"] if p["role"] == "root"] == [pid]
-    assert node.decoy not in [p["pid"] for p in drain["signalled"]]
+    assert [p["pid"] for p in torn["signalled"] if p["role"] == "root"] == [pid]
+    assert node.decoy not in [p["pid"] for p in torn["signalled"]]
     assert [g["index"] for g in torn["gpus_free"]] == TARGET_GPUS
     assert run.task_result(PREFLIGHT)["lease"]["acquired"] is True
     assert run.task_result("Record the stop in the node journal and release the lease")["released"] is True

@@ -293,9 +293,13 @@ def report_row(v, mask):
     rollback = rollback_of(v.get("rollback_status"), v.get("rollback_detail"), replace)
     weights = _mapping(candidate.get("weights"))
     lease = _mapping(preflight.get("lease"))
-    signalled = list(candidate.get("signalled") or []) + list(candidate.get("rollback_signalled") or [])
+    stopped = list(candidate.get("signalled") or []) + list(candidate.get("rollback_signalled") or [])
     if cand_given:
-        signalled += list(replace.get("signalled") or [])
+        stopped += list(replace.get("signalled") or [])
+    # What was really signalled; a child that exited with its server (no signal of its own) is listed apart.
+    signalled = [p for p in stopped if _mapping(p).get("signals")]
+    exited = [p for p in stopped if not _mapping(p).get("signals")]
+    details = [r.get("details_file") for r in ((candidate, replace) if cand_given else (replace,)) if r.get("details_file")]
     nothing_to_do = fail is None and action == "none" and has_plan
     if v.get("check_mode"):
         status = "planned" if fail is None and has_plan else "failed"
@@ -321,6 +325,7 @@ def report_row(v, mask):
         "error": ("%s failed: %s" % (fail["step"], fail["message"])) if fail is not None else None,
         "plan": action if "plan" in preflight else None,
         "plan_why": plan.get("why"),
+        "previous_args": mask(plan["running_args"]) if isinstance(plan.get("running_args"), dict) else None,
         "mode": "weights" if action == "weights" else "restart" if action in ("start", "restart") else None,
         "weights": {
             "why": _get(plan, "weights", "why"),
@@ -336,6 +341,7 @@ def report_row(v, mask):
         "overrides": launch.get("overrides") or [],
         "adjustments": resolved.get("adjustments") or [],
         "signalled": signalled,
+        "exited": exited,
         "planned_teardown": (plan.get("teardown_pids") or []) if v.get("check_mode") else [],
         "holders": plan.get("holders") or [],
         "gpus_before": _mapping(preflight.get("node")).get("gpus") or [],
@@ -348,6 +354,7 @@ def report_row(v, mask):
                   "took_over": _mapping(lease.get("took_over")).get("owner"),
                   "took_over_reason": lease.get("took_over_reason")},
         "node_state": node_state,
+        "details_files": details,
     }
 
 

@@ -44,6 +44,23 @@ def test_markdown_of_a_check_mode_row_says_what_would_be_signalled():
     assert "- Signalled:\n  - none" not in text
 
 
+def test_markdown_gives_the_plan_the_previous_config_the_lease_and_what_exited_on_its_own():
+    row = {"host": "gpu-01", "status": "deployed", "step": "done", "plan": "restart", "plan_why": "config changed",
+           "previous_args": {"tp_size": 8, "speculative_num_steps": 1},
+           "lease": {"waited_s": 12.5, "waited_for": "run R0", "took_over": None},
+           "signalled": [{"pid": 101, "name": "python3", "signals": ["SIGTERM"]}],
+           "exited": [{"pid": 102, "name": "sglang::scheduler", "signals": []}],
+           "details_files": ["/var/lib/sglang/main/details/R1-replace-candidate-all.json"]}
+    text = run_report.render_markdown("R4", [row])
+    assert "| 101 |" in text and "102" not in text.split("\n## ")[0], text      # the table lists what was signalled
+    assert "- Plan: restart: config changed\n" in text
+    assert "- Previous config: speculative_num_steps=1, tp_size=8\n" in text
+    assert "- Lease: waited 12.5 s for run R0\n" in text
+    assert "- Signalled:\n  - PID 101 (python3): SIGTERM\n" in text
+    assert "- Exited with their server (not signalled): PID 102 (sglang::scheduler)\n" in text
+    assert "- Full module result on the node: `/var/lib/sglang/main/details/R1-replace-candidate-all.json`\n" in text
+
+
 def test_merge_replaces_a_host_and_keeps_the_others():
     old = [{"host": "a", "status": "deployed"}, {"host": "b", "status": "failed"}, "junk"]
     new = [{"host": "b", "status": "rolled_back"}, {"host": "c", "status": "deployed"}]

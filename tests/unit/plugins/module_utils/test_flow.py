@@ -178,7 +178,8 @@ def test_outcome_line(fail, rollback, replace, multinode, tail):
 # The report row
 # ---------------------------------------------------------------------------
 
-PREFLIGHT = {"plan": {"action": "restart", "why": "config changed", "teardown_pids": [11], "holders": [{"pid": 11}]},
+PREFLIGHT = {"plan": {"action": "restart", "why": "config changed", "teardown_pids": [11], "holders": [{"pid": 11}],
+                      "running_args": {"tp_size": 2, "api_key": "sk-0"}},
              "resolved": {"source": "node", "args": {"tp_size": 1}, "effective": {"tp_size": 1, "api_key": "sk-1"},
                           "adjustments": [{"arg": "x"}]},
              "node": {"gpus": [{"index": 0, "used_mib": 7}]}, "lease": {"waited": 2, "took_over": {"owner": "r0"}}}
@@ -192,13 +193,19 @@ def _row(**v):
 
 def test_report_row_of_a_deployed_host():
     replace = {"launch": {"pid": 9, "startup_s": 3.5, "effective_args": {"tp_size": 1, "api_key": "k"}, "overrides": []},
-               "signalled": [{"pid": 11}], "gpus_allocated": [{"index": 0}], "node_state": "candidate running"}
+               "signalled": [{"pid": 11, "signals": ["SIGTERM"]}, {"pid": 12, "signals": []}],
+               "gpus_allocated": [{"index": 0}], "node_state": "candidate running", "details_file": "/s/details/r1.json"}
     row = _row(replace=replace, promote={"promoted": True, "smoke": {"tokens_per_s": 90.0, "accept_length": 2.9}})
     assert row["status"] == "deployed" and row["step"] == "done" and row["error"] is None
     assert row["mode"] == "restart" and row["plan"] == "restart" and row["plan_why"] == "config changed"
     assert row["effective_args"] == {"tp_size": 1, "api_key": "MASKED"} and row["effective_source"] == "server"
     assert row["predicted_args"]["api_key"] == "MASKED"
-    assert row["signalled"] == [{"pid": 11}] and row["candidate_pid"] == 9 and row["startup_s"] == 3.5
+    # Only what was really signalled; the child that exited with its server is listed apart.
+    assert row["signalled"] == [{"pid": 11, "signals": ["SIGTERM"]}] and row["exited"] == [{"pid": 12, "signals": []}]
+    assert row["candidate_pid"] == 9 and row["startup_s"] == 3.5
+    # The config it replaced (masked) and where the full module result is on the node.
+    assert row["previous_args"] == {"tp_size": 2, "api_key": "MASKED"}
+    assert row["details_files"] == ["/s/details/r1.json"]
     assert row["smoke"] == {"tokens_per_s": 90.0, "accept_length": 2.9}
     assert row["rollback"] == {"status": "not_needed", "detail": None}
     assert row["lease"] == {"waited_s": 2, "waited_for": None, "took_over": "r0", "took_over_reason": None}
@@ -206,14 +213,16 @@ def test_report_row_of_a_deployed_host():
 
 
 def test_report_row_of_a_rolled_back_host_counts_both_runs():
-    candidate = {"signalled": [{"pid": 11}], "launch": {"pid": 9}}
-    rollback_run = {"signalled": [{"pid": 9}], "launch": {"pid": 12, "effective_args": {"tp_size": 1}},
-                    "node_state": "known-good running"}
+    candidate = {"signalled": [{"pid": 11, "signals": ["SIGTERM"]}, {"pid": 13}], "launch": {"pid": 9},
+                 "details_file": "/s/c.json"}
+    rollback_run = {"signalled": [{"pid": 9, "signals": ["SIGTERM", "SIGKILL"]}], "launch": {"pid": 12, "effective_args": {"tp_size": 1}},
+                    "node_state": "known-good running", "details_file": "/s/k.json"}
     fail = {"step": "launch", "message": "crashed", "reason": "launch_failed", "needs_rollback": True}
     row = _row(failure=fail, replace=rollback_run, candidate_replace=candidate, rollback_status="succeeded",
                rollback_detail="known-good PID 12 healthy")
     assert row["status"] == "rolled_back" and row["step"] == "launch" and row["error"] == "launch failed: crashed"
     assert [s["pid"] for s in row["signalled"]] == [11, 9] and row["candidate_pid"] == 9
+    assert [s["pid"] for s in row["exited"]] == [13] and row["details_files"] == ["/s/c.json", "/s/k.json"]
     assert row["rollback"] == {"status": "succeeded", "detail": "known-good PID 12 healthy"}
     assert row["node_state"] == "known-good running"
 

@@ -53,7 +53,7 @@ def payload_files(name):
     return names
 
 
-@pytest.mark.parametrize("name", ["sglang_promote", "sglang_smoke", "node_lock"])
+@pytest.mark.parametrize("name", ["sglang_promote", "sglang_smoke", "node_lock", "sglang_progress"])
 def test_modules_that_resolve_nothing_carry_neither_the_mirror_nor_the_launcher(name):
     names = payload_files(name)
     assert not names & MIRROR, sorted(names & MIRROR)

@@ -56,7 +56,10 @@ def node(tmp_path, monkeypatch):
 def run(node, monkeypatch):
     """``run(check=False, **options)``: the module on the simulated node, with this test's defaults."""
     def _run(check=False, **options):
+        # -v (verbosity 1): the whole result; test_a_failure_at_verbosity_0_is_short_and_starts_with_the_message
+        # covers the lean one an operator reads at verbosity 0.
         args = {
+            "_ansible_verbosity": 1,
             "name": node.name, "label": "gpu-01", "args": {"model_path": node.model, "host": "127.0.0.1", "port": node.port},
             "gpus": ["0"], "config_dir": str(node.config_dir), "state_dir": str(node.state_dir), "log_file": str(node.log_file),
             "nvidia_smi": NVIDIA_SMI, "backend": "nvidia-smi", "device_paths": [str(node.root / "dev" / "nvidia*")],
@@ -278,6 +281,24 @@ def test_model_problems_name_the_variable(node, run):
             "this node; copy the draft model there or fix the path" % empty) in res["problems"]
     res = run(args={"port": node.port}, check=True)
     assert "sglang_server_args.model_path: not set; give the model directory on the node" in res["problems"]
+
+
+def test_a_failure_at_verbosity_0_is_short_and_starts_with_the_message(node, run):
+    """What the default callback prints for a refused config: the message first, a small result (issue 25)."""
+    args = {"model_path": str(node.tmp / "nope"), "port": node.port}
+    full = run(args=args)
+    res = run(args=args, _ansible_verbosity=0)
+    assert res["failed"] is True and res["msg"] == full["msg"] and res["problems"] == full["problems"]
+    assert res["msg"].startswith("Preflight failed on gpu-01; the running server was not touched. sglang_server_args.model_path: ")
+    # The roles read the lease (acquired) and the report its waits and the resolution's source.
+    assert res["lease"] == {"acquired": False, "waited": 0.0} and res["resolved"] == {"source": "mirror", "fallback": None}
+    assert not {"node", "lines"} & set(res) and {"plan", "node", "lines"} <= set(full)
+    assert res["plan"] == {"action": full["plan"]["action"], "holders": []}
+    shown = dict((k, v) for k, v in res.items() if k not in ("invocation", "failed", "warnings"))
+    text = json.dumps(shown, sort_keys=True)
+    assert text.index('"msg"') < 100 and len(text) < 2048, text
+    # Long options are left out of the invocation below -vvv, never a secret.
+    assert res["invocation"]["module_args"]["label"] == "gpu-01"
 
 
 def test_model_config_without_architectures_is_not_a_problem(node, run):

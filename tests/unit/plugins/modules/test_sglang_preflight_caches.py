@@ -34,6 +34,8 @@ def run(node, monkeypatch):
             "nvidia_smi": NVIDIA_SMI, "backend": "nvidia-smi", "device_paths": [str(node.root / "dev" / "nvidia*")],
             "resolution": "mirror", "python": sys.executable, "manager": "process",
             "lease": {"path": str(node.lease_path), "run_id": "R1"},
+            # -v: the whole result (plan and node); at verbosity 0 a failure returns only what the roles read.
+            "_ansible_verbosity": 1,
         }
         args.update(options)
         return run_module(pf, args, monkeypatch, check=check)

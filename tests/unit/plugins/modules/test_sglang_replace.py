@@ -52,8 +52,10 @@ def node(tmp_path, monkeypatch):
 
 
 def replace(node, monkeypatch, run_id="R1", pids=(), **extra):
+    # -v (verbosity 1): the whole result; test_at_verbosity_0_the_result_is_lean_and_the_details_are_on_the_node
+    # covers the lean one of verbosity 0.
     args = {"run_id": run_id, "launch": node.launch(), "api_key": API_KEY, "teardown": node.teardown(pids=pids),
-            "verify": {"timeout": 20}, "directories": node.directories()}
+            "verify": {"timeout": 20}, "directories": node.directories(), "_ansible_verbosity": 1}
     args.update(extra)
     result = run_module(sglang_replace, args, monkeypatch)
     for key in ("launch", "rollback_launch"):
@@ -417,6 +419,26 @@ def test_a_server_that_dies_during_a_weight_update_is_replaced_by_the_known_good
     # The server died of the update (the loader's error in its log), not of anything else.
     assert "The size of tensor a (32) must match the size of tensor b (64) at non-singleton dimension 0" in \
         node.log_file.read_text()
+
+
+def test_at_verbosity_0_the_result_is_lean_and_the_details_are_on_the_node(node, monkeypatch):
+    """A failed candidate at verbosity 0: no /server_info, log tail or per-GPU bulk in the result (AWX stores every
+    result as a job event), the message first; the whole result, masked, in the details file on the node."""
+    old = node.hold([0], 1000, "--name", "old-server")
+    res = replace(node, monkeypatch, pids=[old], rollback=True, run_id="R7", _ansible_verbosity=0,
+                  launch=node.launch(env=node.server_env(SGLANG_SIM_CRASH_ON_LOAD="1", HF_TOKEN=HF_TOKEN)))
+    assert res["failed"] is True and res["reason"] == "launch_failed" and res["rollback"]["status"] == "unavailable"
+    assert "log_tail" not in res["launch"] and "effective" not in res["launch"] and "Last " in res["msg"]
+    assert set(res["gpus_free"][0]) == {"index", "used_mib", "pids"}
+    assert res["signalled"][0]["pid"] == old and "gpus" not in res["drain"] and "signalled" not in res["drain"]
+    assert isinstance(res["invocation"]["module_args"]["launch"], str)       # its size, not the 5 KB launch
+    path = pathlib.Path(res["details_file"])
+    assert path == node.state_dir / "details" / "R7-replace-candidate-all.json"
+    details = json.loads(path.read_text())
+    assert details["launch"]["log_tail"] and details["drain"]["gpus"] and details["msg"] == res["msg"]
+    assert details["signalled"] == res["signalled"] and details["node_state"] == res["node_state"]
+    assert HF_TOKEN not in path.read_text() and API_KEY not in path.read_text()
+    assert len(json.dumps(res)) < len(path.read_text())
 
 
 def test_failed_candidate_without_known_good_reports_rollback_unavailable(node, monkeypatch):
