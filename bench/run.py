@@ -1,8 +1,8 @@
 """`make bench`: the clock check, the outage benchmark, the teardown benchmark, the fleet benchmark, the
 node oracle's cost and the checkpoint check's, then the ratios of this run against the goals.
 
-    .venv/bin/python bench/run.py [--only clock,outage,progress,teardown,fleet,oracle,checkpoint,prefetch]
-                                  [--outage-runs N] [--runs N]
+    .venv/bin/python bench/run.py [--only clock,outage,progress,teardown,fleet,oracle,checkpoint,prefetch,real-outage]
+                                  [--outage-runs N] [--real-outage-runs N] [--runs N]
                                   [--sizes 1,8,32] [--fleet-runs N] [--oracle newest|all|none]
                                   [--profile] [--playbook PATH] [--keep]
 
@@ -25,7 +25,7 @@ import time
 
 import _common as c
 
-PARTS = ("clock", "outage", "progress", "teardown", "fleet", "oracle", "checkpoint", "prefetch")
+PARTS = ("clock", "outage", "progress", "teardown", "fleet", "oracle", "checkpoint", "prefetch", "real-outage")
 
 # Goals of issue 15 (and the per-host counts of its "what to build").
 GOAL_ADDED_S = 1.0
@@ -42,6 +42,10 @@ def parse_args(argv=None):
     ap.add_argument("--only", help="comma-separated parts to run (default all): %s" % ",".join(PARTS))
     ap.add_argument("--outage-runs", type=int, default=3,
                     help="outage rounds (restart, weights, manual each; median; default 3)")
+    ap.add_argument("--real-outage-runs", type=int, default=2,
+                    help="real-outage rounds (ours and manual each, alternating; median; default 2). The part runs "
+                         "with real SGLang 0.5.23 servers: in the default parts only when tests/real_server's venv "
+                         "is built; --only real-outage builds it when missing")
     ap.add_argument("--runs", type=int, default=3, help="teardown runs per case (median; default 3)")
     ap.add_argument("--sizes", default="1,8,32", help="fleet sizes, comma-separated (default 1,8,32)")
     ap.add_argument("--fleet-runs", type=int, default=1, help="timed redeploys per fleet size (default 1)")
@@ -57,8 +61,9 @@ def parse_args(argv=None):
     ap.add_argument("--prefetch-mib", type=int, default=256, help="prefetch: size of the checkpoint in MiB (default 256)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (.cache/bench/<timestamp>)")
     opts = ap.parse_args(argv)
-    if opts.runs < 1 or opts.fleet_runs < 1 or opts.outage_runs < 1:
-        ap.error("--runs, --outage-runs and --fleet-runs must be >= 1")
+    if opts.runs < 1 or opts.fleet_runs < 1 or opts.outage_runs < 1 or opts.real_outage_runs < 1:
+        ap.error("--runs, --outage-runs, --real-outage-runs and --fleet-runs must be >= 1")
+    opts.real_outage_asked = bool(opts.only) and "real-outage" in opts.only
     opts.parts = PARTS if not opts.only else tuple(p.strip() for p in opts.only.split(",") if p.strip())
     unknown = [p for p in opts.parts if p not in PARTS]
     if unknown:
@@ -194,6 +199,12 @@ def goals(result):
         split = "%s / %s s" % (c.fmt(out.get("cpu_controller")), c.fmt(out.get("cpu_modules")))
         add("CPU per host, 1 host: controller / modules", split, "", None,
             "main process alone %s s" % c.fmt(out.get("cpu_main")))
+    real = result.get("real_outage", {}).get("summary")
+    if real:
+        add("real SGLang: outage ours / manual (restart)", c.fmt(real.get("outage_ratio")), "", None,
+            "%s s / %s s" % (c.fmt(real.get("ours_outage_s")), c.fmt(real.get("manual_outage_s"))))
+        add("  added beyond startup ours / manual", c.fmt(real.get("added_ratio")), "", None,
+            "%s s / %s s" % (c.fmt(real.get("ours_added_s")), c.fmt(real.get("manual_added_s"))))
     one, big = _size(result, 1), _size(result, 32)
     for s in result.get("fleet", {}).get("sizes", []):
         if s["case"] != "change":
@@ -333,6 +344,21 @@ def main(argv=None):
         result["oracle"]["used"] = oracle_used(result)
         texts.append(oracle_report(result["oracle"]))
         print("\n" + texts[-1], flush=True)
+    if "real-outage" in opts.parts:
+        import real_outage  # pylint: disable=import-outside-toplevel
+        print("\n== real-server outage benchmark (%d rounds each, real SGLang 0.5.23)" % opts.real_outage_runs, flush=True)
+        python, why = real_outage.ensure_venv(build=opts.real_outage_asked)
+        if python:
+            try:
+                result["real_outage"] = real_outage.run(opts, workdir, python)
+            except Exception as exc:  # pylint: disable=broad-except - the other parts' figures are still written
+                result["real_outage"] = {"error": str(exc)[-3000:]}
+        else:
+            result["real_outage"] = {"skipped": why + ("" if opts.real_outage_asked else
+                                                       "; build it with `.venv/bin/python tests/real_server/env.py`"
+                                                       " or run `bench/run.py --only real-outage`")}
+        texts.append(real_outage.report(result["real_outage"]))
+        print("\n" + texts[-1], flush=True)
     c.REGISTRY.stop()
     result["goals"] = goals(result)
     if result["goals"]:
@@ -353,6 +379,9 @@ def main(argv=None):
     failed = failed or any(size.get("failed") for size in result.get("fleet", {}).get("sizes", []))
     failed = failed or bool(result.get("outage", {}).get("summary", {}).get("failures"))
     failed = failed or bool(result.get("progress", {}).get("summary", {}).get("failures"))
+    failed = failed or bool(result.get("real_outage", {}).get("summary", {}).get("failures"))
+    failed = failed or "error" in result.get("real_outage", {})
+    failed = failed or (opts.real_outage_asked and "skipped" in result.get("real_outage", {}))
     return 1 if failed else 0
 
 
