@@ -25,9 +25,11 @@ REPLACE = "Replace the server in one module run, candidate all"
 FATAL = re.compile(r"^fatal: \[(?P<host>[^\]]+)\]: FAILED! => (?P<result>.*)$", re.M)
 
 # Every job event of a redeploy stays under EVENT_LIMIT, but the preflight's own result, which carries the plan the
-# later tasks read (the launch spec, its identity, the node's GPUs): under PREFLIGHT_EVENT_LIMIT.
+# later tasks read (the launch spec, its identity, the node's GPUs, the checkpoint and compile-cache checks): under
+# PREFLIGHT_EVENT_LIMIT. It holds some 40 paths, each under this test's ~60-character temporary directory (a node's
+# /etc/sglang or /var/lib/sglang/main is ~20): measured 19.3 KB here after the lean trims, about 17 KB with node paths.
 EVENT_LIMIT = 8 * 1024
-PREFLIGHT_EVENT_LIMIT = 16 * 1024
+PREFLIGHT_EVENT_LIMIT = 20 * 1024
 # A failed host's fatal block: the message within its first MESSAGE_WITHIN characters, the block under BLOCK_LIMIT.
 MESSAGE_WITHIN = 200
 BLOCK_LIMIT = 4 * 1024

@@ -144,6 +144,14 @@ def preflight_result(result):
         for key in ("gpus", "all_gpus"):
             if key in out["node"]:
                 out["node"][key] = gpus(out["node"][key])
+        # The role reads each directory's path and whether it is as it should be; mode, owner and group are in -v.
+        if isinstance(out["node"].get("directories"), list):
+            out["node"]["directories"] = [dict((k, d.get(k)) for k in ("path", "ok")) if isinstance(d, dict) else d
+                                          for d in out["node"]["directories"]]
+    plan = out.get("plan")
+    if isinstance(plan, dict) and isinstance(plan.get("cache"), dict) and "env" in plan["cache"]:
+        # The compile caches' variables are in the launch spec's env already (plan.spec.env).
+        out["plan"] = dict(plan, cache=dict((k, v) for k, v in plan["cache"].items() if k != "env"))
     return out
 
 
