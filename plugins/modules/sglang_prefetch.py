@@ -160,9 +160,9 @@ def main():
     p = module.params
     for name in ("reserve_gb", "max_gb", "timeout"):
         if p[name] < 0:
-            module.fail_json(msg="sglang_prefetch_%s: %s is negative; give 0 or more" % (name, p[name]))
+            module.fail_json(msg="sglang_server_prefetch_%s: %s is negative; give 0 or more" % (name, p[name]))
     if not 0 <= p["reserve_percent"] <= 100:
-        module.fail_json(msg="sglang_prefetch_reserve_percent: %s is not between 0 and 100; give a percent of MemTotal"
+        module.fail_json(msg="sglang_server_prefetch_reserve_percent: %s is not between 0 and 100; give a percent of MemTotal"
                              % p["reserve_percent"])
     result = {"files": 0, "bytes": 0, "bytes_read": 0, "resident_before": {"bytes": 0, "percent": 0.0},
               "resident_after": {"bytes": 0, "percent": 0.0}, "seconds": 0.0, "stopped": None, "skipped": [],
@@ -170,7 +170,7 @@ def main():
               "timeout": p["timeout"]}
     warn = p["mode"] == "on"
     if p["mode"] == "off":
-        result["skipped_why"] = "sglang_prefetch is off"
+        result["skipped_why"] = "sglang_server_prefetch is off"
     elif module.check_mode:
         result["skipped_why"] = "check mode"
     else:
@@ -195,17 +195,17 @@ def main():
             result.update(done)
         if warn:
             if result["skipped_why"]:
-                module.warn("sglang_prefetch on: nothing was read: %s" % result["skipped_why"])
+                module.warn("sglang_server_prefetch on: nothing was read: %s" % result["skipped_why"])
             elif result["stopped"]:
-                module.warn("sglang_prefetch on: stopped at the %s with %.1f%% of the checkpoint resident; raise %s"
+                module.warn("sglang_server_prefetch on: stopped at the %s with %.1f%% of the checkpoint resident; raise %s"
                             % ("memory budget" if result["stopped"] == "budget" else "time limit",
                                result["resident_after"]["percent"],
-                               "sglang_prefetch_max_gb or lower the reserve" if result["stopped"] == "budget"
-                               else "sglang_prefetch_timeout"))
+                               "sglang_server_prefetch_max_gb or lower the reserve" if result["stopped"] == "budget"
+                               else "sglang_server_prefetch_timeout"))
             if result["priority_note"]:
-                module.warn("sglang_prefetch on: %s" % result["priority_note"])
+                module.warn("sglang_server_prefetch on: %s" % result["priority_note"])
             for error in result["errors"]:
-                module.warn("sglang_prefetch on: %s" % error)
+                module.warn("sglang_server_prefetch on: %s" % error)
     result["line"] = pf.line(result)
     module.exit_json(changed=False, prefetch=result)
 

@@ -774,7 +774,7 @@ def evict(path):
 
 def test_prefetch_warms_the_new_checkpoint_before_the_teardown_within_its_budget(node):
     """A new checkpoint of four ~2 MiB shards: the first is resident (just written and read), the others dropped from
-    the page cache. With sglang_prefetch on and a 2 MiB cap, the prefetch runs after the preflight and before the
+    the page cache. With sglang_server_prefetch on and a 2 MiB cap, the prefetch runs after the preflight and before the
     replace (while the old server serves), skips the resident shard, reads up to the budget and stops there."""
     pid = ensure_deployed(node)
     ckpt = node.models / "kimi-k2.5-prefetch"
@@ -791,7 +791,7 @@ def test_prefetch_warms_the_new_checkpoint_before_the_teardown_within_its_budget
     assert pf.residency(shards[0])[0] == os.path.getsize(shards[0])
     budget = 2 * MIB
     run = node.run(host_vars=node.host_vars(sglang_server_args=node.server_args(model_path=str(ckpt))),
-                   extravars={"sglang_prefetch": "on", "sglang_prefetch_max_gb": budget / 1024.0 ** 3})
+                   extravars={"sglang_server_prefetch": "on", "sglang_server_prefetch_max_gb": budget / 1024.0 ** 3})
     assert run.rc == 0 and run.row()["status"] == "deployed", run.summary()
     names = run.task_names()
     replace = [i for i, n in enumerate(names) if n and n.startswith("Replace the server in one module run, candidate")]

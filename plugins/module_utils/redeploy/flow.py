@@ -355,7 +355,7 @@ def report_row(v, mask):
                   "took_over_reason": lease.get("took_over_reason")},
         "node_state": node_state,
         "details_files": details,
-        # The checkpoint prefetch before the teardown (sglang_prefetch): its line, None when it did not run.
+        # The checkpoint prefetch before the teardown (sglang_server_prefetch): its line, None when it did not run.
         "prefetch": _mapping(v.get("prefetch")).get("line"),
     }
 
