@@ -30,7 +30,7 @@ def run(opts, workdir):
     old = fleet.start_old_servers([host], models, plain=True)
     launched = []
     result = {"config": {"rounds": opts.outage_runs, "startup_s": fleet.STARTUP_S,
-                         "cases": dict(CASES)}, "runs": dict((name, []) for name, _ in CASES)}
+                         "cases": dict(CASES)}, "runs": dict((name, []) for name, _setting in CASES)}
     policy = "fcfs"
     try:
         first, new = fleet.timed_run(opts, base, [host], "adopt", {"sglang_server_progress_interval": 0}, "first", quiet=True)
@@ -60,7 +60,7 @@ def run(opts, workdir):
 
 def summarise(result):
     s = {"failures": 0}
-    for name, _ in CASES:
+    for name, _setting in CASES:
         ok = [r for r in result["runs"][name] if r.get("ok")]
         s["failures"] += len(result["runs"][name]) - len(ok)
         s[name] = {"outage_s": c.median([r["outage"].get("outage_s") for r in ok]),

@@ -351,7 +351,8 @@ def main(argv=None):
         if python:
             try:
                 result["real_outage"] = real_outage.run(opts, workdir, python)
-            except Exception as exc:  # pylint: disable=broad-except - the other parts' figures are still written
+            # Any failure of this part is reported; the other parts' figures are still written.
+            except Exception as exc:  # pylint: disable=broad-except
                 result["real_outage"] = {"error": str(exc)[-3000:]}
         else:
             result["real_outage"] = {"skipped": why + ("" if opts.real_outage_asked else

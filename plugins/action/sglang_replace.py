@@ -10,9 +10,9 @@ that prints nothing for ``idle_timeout`` seconds, while the redeploy goes on wit
 of ``async:``), then runs the ``sglang_progress`` module, which waits on the node for the job to end, at most
 ``progress_interval`` seconds, and otherwise reads the journal step, the server log's last line (masked) and the GPU
 holders; the action prints one line per host from them (``Display.display``: the terminal, ansible-runner's stdout and
-AWX's job events). Once the job has finished, that same ``sglang_progress`` run returns the job's result as
-``async_status`` would and removes the job file (one module run, not two); it is returned as the module returned it,
-the async bookkeeping keys removed. When the progress cannot be read, the job is polled with ``async_status``.
+AWX's job events). Once the job has finished, that same ``sglang_progress`` run says ``job: finished``; the job's
+result is then read with ``async_status``, its file removed (``mode: cleanup``), and returned as the module returned
+it, the async bookkeeping keys removed. When the progress cannot be read, the job is polled with ``async_status``.
 
 Nothing here runs inside the outage: the job runs on the node on its own, and the progress runs only read. The job
 ends as it would have without progress; its end is seen within about 0.2 s (the progress module watches the job file).
@@ -193,8 +193,14 @@ class ActionModule(ActionBase):
                     return _module_result(state)
                 continue
             seen = self._run_module(PROGRESS_MODULE, probe, task_vars)
-            if seen.get("finished") is True and seen.get("ansible_job_id") == jid:
-                return _module_result(seen)          # the job's own result; sglang_progress removed the job file
+            if seen.get("job") == "finished":
+                # The job has ended (sglang_progress saw its file say so): its result, then the file removed.
+                state = self._run_module("ansible.legacy.async_status", {"jid": jid, "_async_dir": async_dir}, task_vars)
+                if state.get("finished"):
+                    self._run_module("ansible.legacy.async_status", {"jid": jid, "mode": "cleanup", "_async_dir": async_dir},
+                                     task_vars)
+                    return _module_result(state)
+                continue
             if seen.get("failed"):
                 # The progress is only a view: without it, the job is polled as plain async.
                 display.display("%s: the progress cannot be read (%s); waiting for the job without it"

@@ -8,12 +8,12 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: sglang_progress
-short_description: Where a running redeploy stands on the node (journal step, server log, GPU holders), or its result
+short_description: Where a running redeploy stands on the node (journal step, server log, GPU holders), or that it ended
 version_added: 0.2.0
 description:
-  - Waits at most O(wait) seconds for the Ansible async job O(jid) to finish. When it has, returns the job's result
-    as C(ansible.builtin.async_status) does (the module's own result with RV(finished) and RV(ansible_job_id)) and removes
-    the job file, as C(async_status mode=cleanup) does; this is all it changes on the node.
+  - Waits at most O(wait) seconds for the Ansible async job O(jid) to finish. When it has, it returns RV(job) V(finished)
+    and nothing else; the caller reads the job's result with C(ansible.builtin.async_status). It changes nothing on the
+    node.
   - When it has not, it reads the node journal's step (C(<state_dir>/journal.json)), the last line of the server's log (secret values
     masked) and the processes that have a target GPU's device file open (from C(/proc); nvidia-smi is never run).
   - The C(sglang_replace) action runs it between its polls of the replace job, to print one progress line per host
@@ -62,7 +62,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: A finished job's file is removed in check mode too (the job itself never runs in check mode).
+    details: It only reads.
   diff_mode:
     support: none
   platform:
@@ -81,16 +81,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 job:
-  description: V(running), or V(none) without O(jid). A finished job returns its own result instead; a missing one fails.
-  returned: while the job runs, or without O(jid)
-  type: str
-finished:
-  description: True, with the finished job's own result (as C(async_status) returns it).
-  returned: when the job has finished
-  type: bool
-ansible_job_id:
-  description: The finished job's id.
-  returned: when the job has finished
+  description: V(running), V(finished) (read its result with C(async_status)), or V(none) without O(jid). A missing job
+    fails.
+  returned: always
   type: str
 step:
   description: The journal's step (null without a journal).
@@ -115,10 +108,8 @@ gpu_holders:
   elements: dict
 """
 
-import json
 import shutil
 import subprocess
-import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import progress
@@ -161,13 +152,9 @@ def main():
     if job == "missing":
         module.fail_json(msg="could not find async job %s in %s" % (p["jid"], p["async_dir"]), job=job)
     if job == "finished":
-        try:
-            data = progress.take_result(p["async_dir"], p["jid"])
-        except (OSError, ValueError) as exc:
-            module.fail_json(msg="could not read the result of async job %s: %s" % (p["jid"], exc), job=job)
-        # As async_status: the job's result as its module returned it (already processed by its exit_json).
-        print("\n%s" % json.dumps(data))  # pylint: disable=ansible-bad-function
-        sys.exit(0)  # pylint: disable=ansible-bad-function
+        # The job has ended: the action reads its result with async_status, as for any async job (a module returns
+        # its result through exit_json only, never by printing another module's).
+        module.exit_json(changed=False, job=job)
     node = progress.read(p["journal"], p["log_file"], p["gpus"], p["device_paths"], secrets)
     if node["log"] is None and p["unit"] and not p["log_file"]:
         node["log"] = _unit_line(p["unit"], secrets)

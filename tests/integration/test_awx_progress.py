@@ -20,6 +20,8 @@ import yaml
 from playbook_helpers import FAST_SERVER_ENV, VENV_BIN, SimNode, alive, wait_for
 from test_awx_project import EXAMPLE, TEMPLATE, _project, _run, installed, procs  # noqa: F401 (fixtures)
 
+__all__ = ["installed", "procs"]   # the fixtures, used as test parameters
+
 pytestmark = pytest.mark.slow
 
 SLOW_STARTUP_S = 24

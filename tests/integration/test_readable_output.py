@@ -112,7 +112,7 @@ def test_a_full_redeploy_keeps_every_job_event_small_and_the_details_on_the_node
     first = details["launch"]["effective_args"]
     run = node.run(host_vars=node.host_vars(sglang_server_args=node.server_args(mem_fraction_static=0.8)))
     assert run.rc == 0, run.summary()
-    assert max(size for size, _, task in event_sizes(run) if task != PREFLIGHT) <= EVENT_LIMIT
+    assert max(size for size, _kind, task in event_sizes(run) if task != PREFLIGHT) <= EVENT_LIMIT
     row = run.row()
     assert row["previous_args"]["speculative_num_steps"] == first["speculative_num_steps"] == 15, row["previous_args"]
     assert "mem_fraction_static" not in row["previous_args"] and row["previous_args"].get("api_key") in (None, "********")

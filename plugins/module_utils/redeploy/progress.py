@@ -71,25 +71,6 @@ def job_state(async_dir, jid):
     return "running" if isinstance(data, dict) and "started" in data and not data.get("finished") else "finished"
 
 
-def take_result(async_dir, jid):
-    """The finished job's result, as ``async_status`` returns it (``finished``, ``ansible_job_id`` added), and the job
-    file removed (``async_status mode=cleanup``): one module run instead of two. Raises ValueError when the file holds
-    no JSON object, OSError when it cannot be read."""
-    path = os.path.join(os.path.expanduser(async_dir), jid)
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError("%s does not hold a JSON object" % path)
-    data["finished"] = True
-    data["ansible_job_id"] = jid
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-    return data
-
-
 def wait_job(async_dir, jid, seconds, sleep=time.sleep, clock=time.monotonic):
     """Wait at most ``seconds`` for the job to leave ``running``; returns its state."""
     deadline = clock() + max(0.0, float(seconds))

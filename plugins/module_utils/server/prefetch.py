@@ -56,7 +56,7 @@ def read_meminfo(path="/proc/meminfo"):
     out = {}
     with open(path) as fh:
         for line in fh:
-            name, _, rest = line.partition(":")
+            name, _sep, rest = line.partition(":")
             parts = rest.split()
             if parts and parts[0].isdigit():
                 out[name.strip()] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)

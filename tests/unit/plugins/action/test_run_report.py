@@ -52,7 +52,7 @@ def test_markdown_gives_the_plan_the_previous_config_the_lease_and_what_exited_o
            "exited": [{"pid": 102, "name": "sglang::scheduler", "signals": []}],
            "details_files": ["/var/lib/sglang/main/details/R1-replace-candidate-all.json"]}
     text = run_report.render_markdown("R4", [row])
-    assert "| 101 |" in text and "102" not in text.split("\n## ")[0], text      # the table lists what was signalled
+    assert "| 101 |" in text and "102" not in text.split("\n## ", maxsplit=1)[0], text      # the table lists what was signalled
     assert "- Plan: restart: config changed\n" in text
     assert "- Previous config: speculative_num_steps=1, tp_size=8\n" in text
     assert "- Lease: waited 12.5 s for run R0\n" in text

@@ -97,7 +97,9 @@ def test_the_async_path_prints_one_line_per_poll_and_returns_the_modules_result(
               "log": "SIGTERM received", "gpu_holders": [{"pid": 5, "name": "sglang::schedul", "gpus": ["0", "1"]}]},
              {"job": "running", "step": "launching", "step_s": 40.0, "detail": "candidate PID 9 started",
               "log": "[TP0] Load weight begin.", "gpu_holders": []},
-             dict(MODULE_RESULT, ansible_job_id="j1.2", finished=True)]
+             {"job": "finished", "changed": False}]
+    statuses = [dict(MODULE_RESULT, ansible_job_id="j1.2", finished=True, results_file="/x/j1.2"),
+                {"erased": "/x/j1.2"}]
 
     def execute(module_name=None, module_args=None, task_vars=None, wrap_async=False, **kw):
         calls.append((module_name, dict(module_args or {}), wrap_async, plugin._task.async_val))
@@ -105,7 +107,9 @@ def test_the_async_path_prints_one_line_per_poll_and_returns_the_modules_result(
             return {"ansible_job_id": "j1.2", "started": True, "finished": False, "changed": True}
         if module_name == act.PROGRESS_MODULE:
             return polls.pop(0)
-        raise AssertionError("no other module runs: sglang_progress returns the result and removes the job file")
+        if module_name == "ansible.legacy.async_status":
+            return statuses.pop(0)
+        raise AssertionError("no other module runs: the progress, then async_status for the result and the cleanup")
 
     plugin._execute_module = execute
     shown = []
@@ -121,7 +125,10 @@ def test_the_async_path_prints_one_line_per_poll_and_returns_the_modules_result(
     assert probes[0] == {"jid": "j1.2", "async_dir": "~/.ansible_async", "wait": 7, "gpus": ["0", "1"],
                          "journal": "/var/lib/sglang/main/journal.json", "log_file": "/var/log/sglang/main.log",
                          "device_paths": ["/dev/nvidia*"], "secrets": ["hf_secret_456", "sk-action-secret-123"]}
-    assert len(calls) == 4                                  # the start and three progress runs, nothing else
+    status = [c[1] for c in calls if c[0] == "ansible.legacy.async_status"]
+    assert status == [{"jid": "j1.2", "_async_dir": "~/.ansible_async"},
+                      {"jid": "j1.2", "mode": "cleanup", "_async_dir": "~/.ansible_async"}]
+    assert len(calls) == 6                      # the start, three progress runs, the result and the cleanup
     assert len(shown) == 2
     assert shown[0].startswith("gpu-01: replacing the server (phase all) ") and "step teardown for 3 s of 45 s" in shown[0]
     assert "GPUs held: PID 5 (sglang::schedul) on GPU 0,1" in shown[0] and shown[0].endswith("log: SIGTERM received")
@@ -192,7 +199,8 @@ def test_the_gate_is_polled_with_its_own_budget_log_and_secret(monkeypatch):
     plugin = promote_action(dict(PROMOTE_ARGS))
     probes = []
     answers = [{"job": "running", "step": "verifying", "step_s": 5.0, "detail": "smoke gate", "log": "Decode batch",
-                "gpu_holders": []}, {"changed": True, "promoted": True, "finished": True, "ansible_job_id": "j9"}]
+                "gpu_holders": []}, {"job": "finished", "changed": False}]
+    statuses = [{"changed": True, "promoted": True, "finished": True, "ansible_job_id": "j9"}, {"erased": "x"}]
 
     def execute(module_name=None, module_args=None, task_vars=None, wrap_async=False, **kw):
         if module_name is None:
@@ -201,6 +209,8 @@ def test_the_gate_is_polled_with_its_own_budget_log_and_secret(monkeypatch):
         if module_name == act.PROGRESS_MODULE:
             probes.append(dict(module_args))
             return answers.pop(0)
+        if module_name == "ansible.legacy.async_status":
+            return statuses.pop(0)
         raise AssertionError("no other module runs")
 
     plugin._execute_module = execute

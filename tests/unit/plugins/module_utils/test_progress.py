@@ -123,19 +123,3 @@ def test_the_line_says_free_gpus_and_leaves_out_what_is_unknown():
     assert progress.line("n", "x", 1, {}, None, []) == "n: x 1 s"
     many = [{"pid": p, "name": "p", "gpus": ["0"]} for p in range(6)]
     assert progress.line("n", "x", 1, {"gpu_holders": many}, {}, ["0"]).endswith("PID 3 (p) on GPU 0 and 2 more")
-
-
-def test_take_result_returns_the_job_result_as_async_status_and_removes_the_file(tmp_path):
-    job = tmp_path / "j5.5"
-    job.write_text(json.dumps({"changed": True, "failed": True, "msg": "launch failed", "reason": "launch_failed"}))
-    data = progress.take_result(str(tmp_path), "j5.5")
-    assert data == {"changed": True, "failed": True, "msg": "launch failed", "reason": "launch_failed",
-                    "finished": True, "ansible_job_id": "j5.5"}
-    assert not job.exists()
-    job.write_text("[1, 2]")
-    try:
-        progress.take_result(str(tmp_path), "j5.5")
-    except ValueError as exc:
-        assert "does not hold a JSON object" in str(exc)
-    else:
-        raise AssertionError("a list is not a result")
