@@ -167,6 +167,9 @@ def preflight_failure(result):
         # failed; the report lists them.
         out["plan"] = {"action": plan.get("action"),
                        "holders": [h for h in plan.get("holders") or [] if isinstance(h, dict) and h.get("class") != "managed"]}
+        if plan.get("port_owner"):
+            # Who holds the managed port (a container-run server is refused by it): as often why it failed.
+            out["plan"]["port_owner"] = plan["port_owner"]
     return out
 
 

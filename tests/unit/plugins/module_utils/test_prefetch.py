@@ -197,7 +197,9 @@ print(json.dumps({"nice": nice, "io_ok": io_ok, "why": why, "stat_nice": int(fie
 
 
 def test_idle_priority_sets_nice_19_and_the_idle_io_class():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # The child imports the collection from the checkout's .collections (on the older cores the parent finds it
+    # through pytest-ansible's in-process finder, which sys.path does not show).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, ".collections")] + [p for p in sys.path if p]))
     out = subprocess.run([sys.executable, "-c", PRIORITY_CHILD], capture_output=True, text=True, timeout=60, env=env,
                          check=False)
     assert out.returncode == 0, out.stderr
