@@ -167,9 +167,11 @@ def preflight_failure(result):
         # failed; the report lists them.
         out["plan"] = {"action": plan.get("action"),
                        "holders": [h for h in plan.get("holders") or [] if isinstance(h, dict) and h.get("class") != "managed"]}
-        if plan.get("port_owner"):
-            # Who holds the managed port (a container-run server is refused by it): as often why it failed.
-            out["plan"]["port_owner"] = plan["port_owner"]
+        # What runs, who holds the managed port (a container-run server is refused by it) and what the teardown would
+        # signal: as often why it failed, and small.
+        for key in ("running", "port_owner", "teardown_pids"):
+            if key in plan:
+                out["plan"][key] = plan[key]
     return out
 
 
