@@ -38,7 +38,7 @@ def venv_state():
 
     Read-only: nothing is built or written here (``ensure_venv`` builds)."""
     sys.path.insert(0, REAL_DIR)
-    import env as real_env  # pylint: disable=import-outside-toplevel
+    import real_env  # pylint: disable=import-outside-toplevel
     stamp = real_env.VENV / ".gpufleet-stamp"
     if not real_env.PYTHON.exists():
         return None, "no real-server venv at %s" % real_env.VENV
@@ -52,11 +52,11 @@ def venv_state():
 
 
 def ensure_venv(build):
-    """The venv's python, or (None, why). ``build``: build it when missing (tests/real_server/env.py, network)."""
+    """The venv's python, or (None, why). ``build``: build it when missing (tests/real_server/real_env.py, network)."""
     python, why = venv_state()
     if python or not build:
         return python, why
-    import env as real_env  # pylint: disable=import-outside-toplevel
+    import real_env  # pylint: disable=import-outside-toplevel
     try:
         return str(real_env.ensure(log=lambda msg: print("  " + msg, flush=True))), None
     except Exception as exc:  # pylint: disable=broad-except

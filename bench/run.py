@@ -356,7 +356,7 @@ def main(argv=None):
                 result["real_outage"] = {"error": str(exc)[-3000:]}
         else:
             result["real_outage"] = {"skipped": why + ("" if opts.real_outage_asked else
-                                                       "; build it with `.venv/bin/python tests/real_server/env.py`"
+                                                       "; build it with `.venv/bin/python tests/real_server/real_env.py`"
                                                        " or run `bench/run.py --only real-outage`")}
         texts.append(real_outage.report(result["real_outage"]))
         print("\n" + texts[-1], flush=True)

@@ -14,7 +14,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import env as real_env  # noqa: E402
+import real_env  # noqa: E402
 import servers  # noqa: E402
 
 

@@ -12,7 +12,7 @@ server process of either kind::
     srv.request("/generate", method="POST", body={...}).json()
     rc = srv.stop()                                  # SIGTERM, wait; SIGKILL of the recorded tree on timeout
 
-``kind`` is ``"real"`` (``.cache/real-server/venv``, tests/real_server/env.py) or ``"sim"``
+``kind`` is ``"real"`` (``.cache/real-server/venv``, tests/real_server/real_env.py) or ``"sim"``
 (simulator/python). Both are started as ``python -m sglang.launch_server --model-path M
 --host 127.0.0.1 --port P`` plus ``args``, on the same node (``GPUSIM_ROOT``), with
 ``simulator/bin`` first on PATH (``nvidia-smi``, ``gpusim``). The real one also gets
@@ -35,7 +35,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "unit" / "simulator"))
 sys.path.insert(0, str(HERE))
 
-import env as real_env  # noqa: E402
+import real_env  # noqa: E402
 import sglang_helpers as sh  # noqa: E402
 from sglang_helpers import GpuNode, ProcessRegistry, alive, descendants  # noqa: E402 - re-exported (__all__)
 

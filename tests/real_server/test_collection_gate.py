@@ -28,7 +28,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardow
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
 
-import env as real_env
+import real_env
 import servers
 
 KINDS = servers.KINDS

@@ -12,7 +12,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown as drain
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import verify as gpu_verify
 
-import env as real_env
+import real_env
 import servers
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

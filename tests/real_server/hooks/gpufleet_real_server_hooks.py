@@ -1,6 +1,6 @@
 """Test-only hooks of the real-server venv (.cache/real-server/venv), loaded by a .pth file.
 
-``tests/real_server/env.py`` copies this module into the venv's site-packages and writes
+``tests/real_server/real_env.py`` copies this module into the venv's site-packages and writes
 ``gpufleet-real-server.pth`` (one line: ``import gpufleet_real_server_hooks``), so every
 Python process of that venv runs it at start-up: the server's main process and every child
 it spawns (multiprocessing's spawn starts a fresh interpreter). It never goes on a node.

@@ -14,8 +14,8 @@ Layout under ``.cache/real-server/`` (git-ignored; ``GPUFLEET_REAL_SERVER_CACHE`
 
 Usage::
 
-    .venv/bin/python tests/real_server/env.py            # build what is missing, print the timings
-    .venv/bin/python tests/real_server/env.py --relock   # build from the .txt files alone, rewrite the lock
+    .venv/bin/python tests/real_server/real_env.py            # build what is missing, print the timings
+    .venv/bin/python tests/real_server/real_env.py --relock   # build from the .txt files alone, rewrite the lock
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ PTH_NAME = "gpufleet-real-server.pth"
 PTH_TEXT = "import gpufleet_real_server_hooks\n"
 LOCK_HEADER = """The real-server stage's venv (.cache/real-server/venv): the whole closure of
 requirements/real-server.txt and real-server-nodeps.txt (sglang 0.5.23, --no-deps).
-Regenerate: .venv/bin/python tests/real_server/env.py --relock"""
+Regenerate: .venv/bin/python tests/real_server/real_env.py --relock"""
 
 
 def _digest(*paths):
