@@ -701,7 +701,7 @@ class TestMultiNodeAttentionDP:
                   "--enable-dp-attention", "--dp-size", "2"]
         rank0 = start(common + ["--node-rank", "0"], env={"CUDA_VISIBLE_DEVICES": "0,1"}, name="rank0")
         rank1 = start(common + ["--node-rank", "1"], env={"CUDA_VISIBLE_DEVICES": "2,3"}, name="rank1")
-        rank0.wait_healthy(timeout=40)
+        rank0.wait_healthy(timeout=90)
         assert listeners(dist) == {rank0.pid}                     # the rendezvous store
         for offset in (1, 3, 5, 6):                               # tokenizer, rpc, scheduler input, load collector
             assert listeners(dist + offset) == {rank0.pid}, offset
