@@ -122,7 +122,8 @@ def _unit_line(unit, secrets):
     if not journalctl:
         return None
     try:
-        out = subprocess.run([journalctl, "-u", unit, "-n", "1", "--no-pager", "-o", "cat"], capture_output=True,
+        # subprocess for its timeout (run_command has none); argv list, never a shell.
+        out = subprocess.run([journalctl, "-u", unit, "-n", "1", "--no-pager", "-o", "cat"], capture_output=True,  # pylint: disable=ansible-bad-function
                              text=True, timeout=JOURNALCTL_TIMEOUT_S, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return None
