@@ -166,7 +166,12 @@ def drain_events(run, host):
 
 
 def drain_result(event):
-    return (event["event_data"].get("res") or {}).get("drain") or {}
+    res = event["event_data"].get("res") or {}
+    drain = dict(res.get("drain") or {})
+    # At verbosity 0 the drain leaves out its signalled list when it is the result's own (lean results): the same list.
+    if "signalled" not in drain and "signalled" in res:
+        drain["signalled"] = res["signalled"]
+    return drain
 
 
 def signals_sent(drain_res):
