@@ -167,9 +167,9 @@ def preflight_failure(result):
         # failed; the report lists them.
         out["plan"] = {"action": plan.get("action"),
                        "holders": [h for h in plan.get("holders") or [] if isinstance(h, dict) and h.get("class") != "managed"]}
-        # What runs, who holds the managed port (a container-run server is refused by it) and what the teardown would
-        # signal: as often why it failed, and small.
-        for key in ("running", "port_owner", "teardown_pids"):
+        # Who holds the managed port (a container-run server is refused by it) and what the teardown would signal: as
+        # often why it failed, and small (the running server's record is in -v and the report).
+        for key in ("port_owner", "teardown_pids"):
             if key in plan:
                 out["plan"][key] = plan[key]
     return out
