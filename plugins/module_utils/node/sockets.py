@@ -311,22 +311,7 @@ def port_held_by(port, pids, proc_root=PROC_ROOT):
 
 def listening_ports(pid, proc_root=PROC_ROOT):
     """The TCP ports ``pid`` listens on (IPv4 and IPv6), sorted; [] when unknown."""
-    fd_dir = os.path.join(proc_root, str(pid), "fd")
-    try:
-        fds = os.listdir(fd_dir)
-    except OSError:
-        return []
-    inodes = set()
-    for fd in fds:
-        try:
-            target = os.readlink(os.path.join(fd_dir, fd))
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            try:
-                inodes.add(int(target[8:-1]))
-            except ValueError:
-                continue
+    inodes = socket_inodes(pid, proc_root)
     ports = set()
     if not inodes:
         return []
