@@ -32,25 +32,35 @@ DETAILS_DIR = "details"
 # The details files kept per state directory (the oldest go first).
 DETAILS_KEEP = 50
 # An option value longer than this (as JSON) is left out of ``invocation`` below -vvv (where the callback shows it).
-INVOCATION_LIMIT = 400
+INVOCATION_LIMIT = 160
 
 
 def invocation(module, limit=INVOCATION_LIMIT):
     """The ``invocation`` a module returns: None (AnsibleModule's whole ``module_args``) at -vvv, where the default
     callback shows it, else the options with every long value replaced by its size (a replace's ``launch`` alone
-    was 5.5 KB of every job event) and every no_log option's value replaced as Ansible does."""
+    was 5.5 KB of every job event), every option left at its documented default left out (``defaulted`` counts
+    them; a refused config's preflight event was 8.3 KB, a third of it its invocation) and every no_log
+    option's value replaced as Ansible does."""
     if module._verbosity >= 3:
         return None
     spec = getattr(module, "argument_spec", None) or {}
     args = {}
+    defaulted = []
     for key, value in (module.params or {}).items():
-        if (spec.get(key) or {}).get("no_log") and value is not None:
+        option = spec.get(key) or {}
+        if key in spec and value == option.get("default") and type(value) is type(option.get("default")):
+            defaulted.append(key)
+            continue
+        if option.get("no_log") and value is not None:
             args[key] = "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
             continue
         size = len(json.dumps(value, default=str))
         args[key] = value if size <= limit else "(%d bytes; -vvv shows it)" % size
     # The values the module learnt are secret (AnsibleModule masks them in the whole result too).
-    return {"module_args": remove_values(args, set(getattr(module, "no_log_values", None) or ()))}
+    out = {"module_args": remove_values(args, set(getattr(module, "no_log_values", None) or ()))}
+    if defaulted:
+        out["defaulted"] = len(defaulted)
+    return out
 
 
 def gpus(readings):

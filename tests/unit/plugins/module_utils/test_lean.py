@@ -83,6 +83,16 @@ def test_invocation_below_vvv_replaces_long_values_and_secrets():
     assert lean.invocation(module) is None         # -vvv: AnsibleModule's own invocation
 
 
+def test_invocation_below_vvv_lists_the_options_left_at_their_default_by_name():
+    spec = {"directory_mode": {"default": "0750"}, "rollback": {"type": "bool", "default": True}, "gpus": {"type": "list"},
+            "timeout": {"type": "float", "default": 120.0}, "force": {"type": "bool", "default": False}}
+    module = SimpleNamespace(_verbosity=0, argument_spec=spec, no_log_values=set(),
+                             params={"directory_mode": "0750", "rollback": True, "gpus": None, "timeout": 60.0, "force": 0})
+    inv = lean.invocation(module)
+    assert inv["module_args"] == {"timeout": 60.0, "force": 0}        # a changed value, and 0 is not the bool False
+    assert inv["defaulted"] == 3                                       # directory_mode, gpus, rollback
+
+
 def test_details_are_written_private_under_the_state_dir(tmp_path):
     path = lean.write_details(str(tmp_path), "R1/../x", "replace-candidate-all", {"launch": {"pid": 7}})
     assert path == str(tmp_path / "details" / "R1_.._x-replace-candidate-all.json")
