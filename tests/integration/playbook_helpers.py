@@ -775,3 +775,31 @@ def procs():
     yield tracker
     left = tracker.cleanup()
     assert not left, "processes survived SIGKILL: %s" % left
+
+
+@pytest.fixture(scope="module", name="procs")
+def module_procs():
+    """The module-scoped :class:`Procs` of a playbook test module whose :class:`SimNode` lives across its tests
+    (``from playbook_helpers import module_procs``); fails the module if anything it started survives SIGKILL."""
+    tracker = Procs()
+    yield tracker
+    left = tracker.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left
+
+
+def node_with_decoy(base, procs, **kwargs):
+    """A :class:`SimNode` with an unrelated ``python3 -c sleep`` beside it (``decoy``, ``decoy_start``) that every
+    test of the module must leave alive (:func:`decoy_survives`)."""
+    node = SimNode(base, procs, **kwargs)
+    node.decoy = node.start_decoy()
+    node.decoy_start = starttime(node.decoy)
+    return node
+
+
+@pytest.fixture(autouse=True, name="decoy_survives")
+def decoy_survives_fixture(request):
+    """Imported by a module whose ``node`` is a :func:`node_with_decoy`: the unrelated process outlives every test."""
+    yield
+    if "node" in request.fixturenames:
+        node = request.getfixturevalue("node")
+        assert alive(node.decoy, node.decoy_start), "the unrelated process %d (python3 -c sleep) was killed" % node.decoy

@@ -33,7 +33,7 @@ import subprocess
 import pytest
 import yaml
 
-from playbook_helpers import INCIDENT_SPEC, RESOLVED_SPEC, VENV_BIN, Procs, SimNode, alive  # noqa: E402
+from playbook_helpers import INCIDENT_SPEC, RESOLVED_SPEC, VENV_BIN, SimNode, alive, module_procs  # noqa: E402,F401 (the procs fixture)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "awx" / "runner-example"
@@ -56,14 +56,6 @@ def _clean_env(home):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON", "VIRTUAL_ENV"))}
     env.update({"HOME": str(home), "PATH": "%s:/usr/local/bin:/usr/bin:/bin" % VENV_BIN, "NO_PROXY": "*", "no_proxy": "*"})
     return env
-
-
-@pytest.fixture(scope="module")
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
 
 
 @pytest.fixture(scope="module")

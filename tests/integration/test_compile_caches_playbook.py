@@ -15,21 +15,13 @@ import stat
 
 import pytest
 
-from playbook_helpers import Procs, SimNode, alive, environ_of
+from playbook_helpers import SimNode, alive, environ_of, module_procs  # noqa: F401 (module_procs: the procs fixture)
 
 pytestmark = pytest.mark.slow
 
 PREFLIGHT = "Plan the redeploy (inspect the node, resolve the args as its SGLang will, take the lease)"
 REPLACE = "Replace the server in one module run, candidate all"
 SUBDIRS = ("jit", "deep_gemm", "inductor", "nv", "tilelang", "flashinfer", "torch_extensions")
-
-
-@pytest.fixture(scope="module")
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
 
 
 @pytest.fixture(scope="module")

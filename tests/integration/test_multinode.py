@@ -34,8 +34,8 @@ import json
 
 import pytest
 
-from playbook_helpers import (INCIDENT_SPEC, RESOLVED_SPEC, Procs, SimNode, alive, environ_of,
-                              free_port, http_get, session_members)
+from playbook_helpers import (INCIDENT_SPEC, RESOLVED_SPEC, SimNode, alive, environ_of,  # noqa: F401 (module_procs: a fixture)
+                              free_port, http_get, module_procs, session_members)
 
 pytestmark = pytest.mark.slow
 
@@ -117,14 +117,6 @@ class Group(object):
 
     def used(self):
         return {h: n.used() for h, n in self.nodes.items()}
-
-
-@pytest.fixture(scope="module")
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from playbook_helpers import HOST, Procs, SimNode, alive, session_members, starttime
+from playbook_helpers import HOST, alive, decoy_survives_fixture, module_procs, node_with_decoy, session_members  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 
@@ -36,26 +36,8 @@ BLOCK_LIMIT = 4 * 1024
 
 
 @pytest.fixture(scope="module")
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
-
-
-@pytest.fixture(scope="module")
 def node(tmp_path_factory, procs):
-    n = SimNode(tmp_path_factory.mktemp("readable-node"), procs)
-    n.decoy = n.start_decoy()
-    n.decoy_start = starttime(n.decoy)
-    return n
-
-
-@pytest.fixture(autouse=True)
-def decoy_survives(request):
-    yield
-    n = request.getfixturevalue("node")
-    assert alive(n.decoy, n.decoy_start), "the unrelated process %d (python3 -c sleep) was killed" % n.decoy
+    return node_with_decoy(tmp_path_factory.mktemp("readable-node"), procs)
 
 
 def fatal_blocks(run, host=HOST):

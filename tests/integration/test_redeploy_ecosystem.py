@@ -22,7 +22,7 @@ import pathlib
 
 import pytest
 
-from playbook_helpers import HOST, Procs, SimNode, alive, starttime
+from playbook_helpers import HOST, SimNode, alive, module_procs, starttime  # noqa: F401 (module_procs: the procs fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +36,6 @@ PREFLIGHT = "Plan the redeploy (inspect the node, resolve the args as its SGLang
 CHECK = "Check the tags, the play settings (hosts, serial, max_fail_percentage) and the output paths before anything runs"
 REPLACE = "Replace the server in one module run, candidate all"
 TEXTFILE = "Export this host's last redeploy to node_exporter (sglang_textfile_path)"
-
-
-@pytest.fixture(scope="module")
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
 
 
 @pytest.fixture(scope="module")

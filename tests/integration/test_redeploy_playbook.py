@@ -30,8 +30,9 @@ import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import prefetch as pf
 from checkpoint_files import SMALL_LAYOUT, write_checkpoint
-from playbook_helpers import (FAST_SERVER_ENV, HOST, REPORT_KEYS, RESOLVED_SPEC, Procs, SimNode, alive, cmdline,
-                              environ_of, http_get, session_members, starttime, wait_for)
+from playbook_helpers import (FAST_SERVER_ENV, HOST, REPORT_KEYS, RESOLVED_SPEC, SimNode, alive, cmdline,  # noqa: F401 (fixtures)
+                              decoy_survives_fixture, environ_of, http_get, module_procs, node_with_decoy, session_members,
+                              wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -45,28 +46,8 @@ IDLE_MIB = 1                  # gpusim's idle used memory
 # --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
-
-
-@pytest.fixture(scope="module")
 def node(tmp_path_factory, procs):
-    n = SimNode(tmp_path_factory.mktemp("redeploy-node"), procs)
-    n.decoy = n.start_decoy()
-    n.decoy_start = starttime(n.decoy)
-    return n
-
-
-@pytest.fixture(autouse=True)
-def decoy_survives(request):
-    """The unrelated Python process outlives every scenario."""
-    yield
-    if "node" in request.fixturenames:
-        n = request.getfixturevalue("node")
-        assert alive(n.decoy, n.decoy_start), "the unrelated process %d (python3 -c sleep) was killed" % n.decoy
+    return node_with_decoy(tmp_path_factory.mktemp("redeploy-node"), procs)
 
 
 def good_server_running(node, exact=True):
