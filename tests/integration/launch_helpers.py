@@ -18,6 +18,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SIM_PY = REPO / "simulator" / "python"
 SIM_BIN = REPO / "simulator" / "bin"
@@ -179,6 +181,25 @@ class Procs(object):
         while time.monotonic() < deadline and any(alive(p) for p in targets):
             time.sleep(0.05)
         return sorted(p for p in targets if alive(p))
+
+
+@pytest.fixture
+def servers():
+    """A :class:`Procs` for the servers one test causes (``from launch_helpers import servers``); fails the test if
+    any of them survives SIGKILL."""
+    tracker = Procs()
+    yield tracker
+    left = tracker.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left
+
+
+def smg1_binary():
+    """The ``smg`` binary of smg 1.x from its own venv, installed on first use by scripts/setup-smg.sh
+    (requirements/smg.txt; GPUFLEET_SMG_VENV points at another venv)."""
+    out = subprocess.run([str(REPO / "scripts" / "setup-smg.sh")], capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert out.returncode == 0, "scripts/setup-smg.sh failed:\n%s" % out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
 
 
 # --------------------------------------------------------------------------

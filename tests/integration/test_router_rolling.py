@@ -42,7 +42,7 @@ from gpusim.checkpoint import write_checkpoint
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import HTTPConnectionError, request
 
-from launch_helpers import Procs, free_port, run_module_raw  # noqa: E402  (tests/integration is on sys.path)
+from launch_helpers import Procs, free_port, run_module_raw, smg1_binary  # noqa: E402  (tests/integration is on sys.path)
 
 pytestmark = pytest.mark.slow
 
@@ -78,20 +78,12 @@ PLAYBOOK_TIMEOUT = 900
 # --------------------------------------------------------------------------
 
 
-def _smg1():
-    """smg 1.x from its own venv, installed on first use (requirements/smg.txt)."""
-    out = subprocess.run([str(REPO / "scripts" / "setup-smg.sh")], capture_output=True, text=True, timeout=600,
-                         check=False)
-    assert out.returncode == 0, "scripts/setup-smg.sh failed:\n%s" % out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
-
-
 # name -> (binary, api_version the module must detect, extra router flags)
 ROUTERS = {
     # smg 1.x streams a request body to the worker unbuffered (chunked) when retries are off and the policy
     # does not read the body; the simulated server reads only Content-Length bodies (real SGLang reads both),
     # so the test uses cache_aware, which parses the body and forwards it with a length.
-    "smg-1.13.0": (_smg1, "1", ["--policy", "cache_aware"]),
+    "smg-1.13.0": (smg1_binary, "1", ["--policy", "cache_aware"]),
     "sglang-router-0.3.2": (lambda: str(VENV_BIN / "smg"), "0.3", ["--policy", "round_robin"]),
 }
 

@@ -22,7 +22,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import rend
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as sglang_resolve
 
 from launch_helpers import (  # noqa: E402  (tests/integration is on sys.path via rootdir conftest)
-    SIM_PY, Procs, cmdlines, fake_systemd, free_port, run_module_raw, session_members, unit_pid, write_unit,
+    SIM_PY, cmdlines, fake_systemd, free_port, run_module_raw, servers, session_members, unit_pid, write_unit,
 )
 
 pytestmark = pytest.mark.slow
@@ -42,14 +42,6 @@ INCIDENT = {
 }
 INCIDENT_MESSAGE = ("speculative_num_draft_tokens: intended 16, running 2 \u2014 SGLang sets it to num_steps + 1 when "
                     "speculative_eagle_topk == 1; set speculative_num_steps: 15")
-
-
-@pytest.fixture
-def servers():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
-from launch_helpers import SIM_PY, Procs, cmdlines, free_port, run_module_raw, session_members  # noqa: E402
-from playbook_helpers import Procs as NodeProcs, SimNode  # noqa: E402
+from launch_helpers import SIM_PY, cmdlines, free_port, run_module_raw, servers, session_members, smg1_binary  # noqa: E402,F401
+from playbook_helpers import SimNode, procs  # noqa: E402,F401 (procs: the fixture)
 import tls_certs  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -25,14 +25,6 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 FAST = {"SGLANG_SIM_STARTUP_S": "0.3", "SGLANG_SIM_WARMUP_S": "0.05", "SGLANG_SIM_SHUTDOWN_S": "0.05",
         "SGLANG_SIM_DRAIN_POLL_S": "0.05"}
-
-
-@pytest.fixture
-def servers():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
 
 
 @pytest.fixture
@@ -164,18 +156,10 @@ def _tls_vars(node, certs, ca):
     return node.host_vars(sglang_server_args=args, sglang_server_tls_ca_path=certs[ca])
 
 
-@pytest.fixture
-def node_procs():
-    tracker = NodeProcs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
-
-
-def test_redeploy_playbook_over_https(tmp_path, node_procs, certs):
+def test_redeploy_playbook_over_https(tmp_path, procs, certs):
     """Bad CA: the health gate refuses the certificate with the fix, the candidate is stopped, nothing stays on
     the GPUs. The CA that signed it: health gate, effective-config check and smoke gate pass over https."""
-    node = SimNode(tmp_path / "node", node_procs)
+    node = SimNode(tmp_path / "node", procs)
     bad = node.run(host_vars=_tls_vars(node, certs, "other_ca"))
     assert bad.rc != 0, bad.summary()
     replaced = bad.task_result(REPLACE)
@@ -207,14 +191,6 @@ def test_redeploy_playbook_over_https(tmp_path, node_procs, certs):
 # The router: smg 1.x serving TLS (--tls-cert-path/--tls-key-path), checking https workers (--ca-cert-paths)
 # --------------------------------------------------------------------------
 
-def _smg1():
-    """smg 1.x from its own venv (scripts/setup-smg.sh; GPUFLEET_SMG_VENV points at another one)."""
-    out = subprocess.run([str(REPO / "scripts" / "setup-smg.sh")], capture_output=True, text=True, timeout=600,
-                         check=False)
-    assert out.returncode == 0, "scripts/setup-smg.sh failed:\n%s" % out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
-
-
 def _router_workers(url, certs):
     status, _h, data = http.request("GET", url + "/workers", tls=http.tls_settings({"tls_ca_path": certs["ca"]}))
     assert status == 200, (status, data)
@@ -225,7 +201,7 @@ def test_router_worker_over_https_against_smg(launch, certs, servers, tmp_path):
     worker = launch(certs["server_cert"], certs["server_key"], tls_ca_path=certs["ca"], args={"host": "127.0.0.1"})
     assert not worker.failed, worker
     port = free_port()
-    argv = [_smg1(), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+    argv = [smg1_binary(), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
             "--prometheus-port", str(free_port()), "--policy", "round_robin", "--tls-cert-path", certs["server_cert"],
             "--tls-key-path", certs["server_key"], "--ca-cert-paths", certs["ca"], "--health-check-interval-secs", "30",
             "--worker-startup-timeout-secs", "30", "--worker-startup-check-interval", "1", "--log-level", "warn"]
