@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -277,6 +278,18 @@ def goals_report(rows):
                       c.table(["figure", "value", "goal", "", "note"], rows)])
 
 
+# The parts that are a module of bench/ with run(opts, workdir) and report(result), in the order they run:
+# (part and result key, module, the heading printed before it).
+MODULE_PARTS = (
+    ("outage", "outage", lambda opts: "outage benchmark (%d rounds)" % opts.outage_runs),
+    ("progress", "progress", lambda opts: "progress benchmark (%d rounds)" % opts.outage_runs),
+    ("teardown", "teardown", lambda opts: "teardown benchmark (%d runs per case)" % opts.runs),
+    ("fleet", "fleet", lambda opts: "fleet benchmark (sizes %s)" % ",".join(map(str, opts.sizes))),
+    ("checkpoint", "checkpoint", lambda opts: "checkpoint check (shards %s)" % ",".join(map(str, opts.checkpoint_shards))),
+    ("prefetch", "prefetch", lambda opts: "checkpoint prefetch (%d MiB)" % opts.prefetch_mib),
+)
+
+
 def main(argv=None):
     opts = parse_args(argv)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -302,41 +315,13 @@ def main(argv=None):
         result["clock"] = c.clock_check()
         texts.append(clock_report(result["clock"]))
         print("\n" + texts[-1], flush=True)
-    if "outage" in opts.parts:
-        import outage  # pylint: disable=import-outside-toplevel
-        print("\n== outage benchmark (%d rounds)" % opts.outage_runs, flush=True)
-        result["outage"] = outage.run(opts, workdir)
-        texts.append(outage.report(result["outage"]))
-        print("\n" + texts[-1], flush=True)
-    if "progress" in opts.parts:
-        import progress  # pylint: disable=import-outside-toplevel
-        print("\n== progress benchmark (%d rounds)" % opts.outage_runs, flush=True)
-        result["progress"] = progress.run(opts, workdir)
-        texts.append(progress.report(result["progress"]))
-        print("\n" + texts[-1], flush=True)
-    if "teardown" in opts.parts:
-        import teardown  # pylint: disable=import-outside-toplevel
-        print("\n== teardown benchmark (%d runs per case)" % opts.runs, flush=True)
-        result["teardown"] = teardown.run(opts, workdir)
-        texts.append(teardown.report(result["teardown"]))
-        print("\n" + texts[-1], flush=True)
-    if "fleet" in opts.parts:
-        import fleet  # pylint: disable=import-outside-toplevel
-        print("\n== fleet benchmark (sizes %s)" % ",".join(map(str, opts.sizes)), flush=True)
-        result["fleet"] = fleet.run(opts, workdir)
-        texts.append(fleet.report(result["fleet"]))
-        print("\n" + texts[-1], flush=True)
-    if "checkpoint" in opts.parts:
-        import checkpoint  # pylint: disable=import-outside-toplevel
-        print("\n== checkpoint check (shards %s)" % ",".join(map(str, opts.checkpoint_shards)), flush=True)
-        result["checkpoint"] = checkpoint.run(opts, workdir)
-        texts.append(checkpoint.report(result["checkpoint"]))
-        print("\n" + texts[-1], flush=True)
-    if "prefetch" in opts.parts:
-        import prefetch  # pylint: disable=import-outside-toplevel
-        print("\n== checkpoint prefetch (%d MiB)" % opts.prefetch_mib, flush=True)
-        result["prefetch"] = prefetch.run(opts, workdir)
-        texts.append(prefetch.report(result["prefetch"]))
+    for part, module, title in MODULE_PARTS:
+        if part not in opts.parts:
+            continue
+        runner = importlib.import_module(module)
+        print("\n== " + title(opts), flush=True)
+        result[part] = runner.run(opts, workdir)
+        texts.append(runner.report(result[part]))
         print("\n" + texts[-1], flush=True)
     if "oracle" in opts.parts and opts.oracle != "none":
         print("\n== oracle cost", flush=True)
