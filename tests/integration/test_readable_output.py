@@ -27,7 +27,7 @@ FATAL = re.compile(r"^fatal: \[(?P<host>[^\]]+)\]: FAILED! => (?P<result>.*)$", 
 # Every job event of a redeploy stays under EVENT_LIMIT, but the preflight's own result, which carries the plan the
 # later tasks read (the launch spec, its identity, the node's GPUs, the checkpoint and compile-cache checks): under
 # PREFLIGHT_EVENT_LIMIT. It holds some 40 paths, each under this test's ~60-character temporary directory (a node's
-# /etc/sglang or /var/lib/sglang/main is ~20): measured 19.3 KB here after the lean trims, about 17 KB with node paths.
+# /etc/sglang or /var/lib/sglang/main is ~20): measured 19.3 KB here after the lean trims, 16.9 KB since the lean invocation (2026-12-07).
 EVENT_LIMIT = 8 * 1024
 PREFLIGHT_EVENT_LIMIT = 20 * 1024
 # A failed host's fatal block: the message within its first MESSAGE_WITHIN characters, the block under BLOCK_LIMIT.
