@@ -35,7 +35,6 @@ def num_text(value):
     return ("%d" % value) if float(value).is_integer() else ("%g" % value)
 
 
-
 class HealthGate(object):
     """The health methods of :class:`launcher.Launcher`."""
 

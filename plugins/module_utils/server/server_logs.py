@@ -22,7 +22,6 @@ def short_lines(lines):
         len(line) - MSG_LINE_MAX) for line in lines)
 
 
-
 class ServerLogs(object):
     """The log methods of :class:`launcher.Launcher`."""
 
