@@ -26,6 +26,7 @@ import pytest
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import target as gpu_target
 from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import teardown as drain
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import crash_watch
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
 
 import real_env
@@ -203,7 +204,7 @@ def test_e_a_real_server_started_as_sglang_serve_is_recognised_and_drained_by_it
         assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
         fleet.registry.add_tree(proc.pid)
         cmd = sp.cmdline(proc.pid)
-        assert cmd[1:3] == [str(script), "serve"] and engine.is_server_argv(cmd), cmd
+        assert cmd[1:3] == [str(script), "serve"] and crash_watch.is_server_argv(cmd), cmd
         # A PID file without a launch record names it: the launcher takes it for the server.
         launcher = _engine("real", fleet, tmp_path, monkeypatch, port=port)
         sp.ensure_dir(os.path.dirname(launcher.pid_file))

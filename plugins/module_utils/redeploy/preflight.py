@@ -24,15 +24,12 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.server import cach
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import survey as pf
-from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
-from ansible_collections.gpufleet.sglang.plugins.module_utils.node import containers
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
-from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import settings
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy.target_inspection import TargetInspection
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights as weights_mod
-from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import ports as ports_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import node_or_mirror
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import serving
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import checkpoint as ckpt_mod
@@ -74,7 +71,7 @@ def inspect_directory(path, mode, owner, group):
     return entry
 
 
-class Preflight(object):
+class Preflight(TargetInspection):
     def __init__(self, module):
         self.module = module
         self.p = module.params
@@ -252,172 +249,6 @@ class Preflight(object):
             self.notes.append("sglang_server_args.%s: the server's user or group is unknown on this node, so read access "
                               "to %s was not checked" % (field, path))
 
-    # ------------------------------------------------------------------
-    def inspect_server(self, launcher, selected, table=None):
-        """What runs on the target: the managed/adoptable server, the port owner, the GPU holders."""
-        p = self.p
-        try:
-            cur = launcher.current()
-        except launch_mod.LaunchError as exc:
-            self.problem(exc.msg)
-            cur = {"pid": None, "start": None, "record": None, "fingerprint": None, "source": None}
-        table = table if table is not None else procfs.process_table(with_cgroup=True)
-        managed_pids = [cur["pid"]] if cur["pid"] else []
-        record = cur.get("record") or {}
-        recorded = [(record.get("pid"), record.get("starttime"))] if record.get("pid") else []
-        listening, owners = sockets.port_listeners(launcher.port)
-        port_owner = None
-        adopt_from_port = []
-        boxed = self.container_lookup()
-        if listening:
-            managed_tree = set()
-            for pid in managed_pids:
-                managed_tree |= {pid} | set(procfs.descendants(table, pid))
-            owner = owners[0] if owners else None
-            info = table.get(owner) if owner else None
-            port_owner = {
-                "pid": owner, "comm": info.comm if info else None,
-                "cmdline": " ".join(secret_rules.mask_argv(list(info.cmdline))) if info else None,
-                "managed": bool(owners) and all(o in managed_tree for o in owners), "adoptable": False,
-            }
-            box = boxed(owner) if owner and not port_owner["managed"] else None
-            if box:
-                port_owner["container"] = box
-                self.refuse_container(box, "PID %s (%s) on port %d" % (owner, port_owner["cmdline"] or port_owner["comm"],
-                                                                       launcher.port))
-            elif not port_owner["managed"]:
-                holder_pids = set(gpu_query.holders(selected))
-                owner_tree = ({owner} | set(procfs.descendants(table, owner))) if owner else set()
-                if info is not None and info.sid == owner:
-                    owner_tree |= set(pf._session(table, owner))
-                if not managed_pids and owner_tree & holder_pids:
-                    port_owner["adoptable"] = True
-                    adopt_from_port = [owner]
-                else:
-                    who = ("PID %s (%s)" % (owner, port_owner["cmdline"] or port_owner["comm"])) if owner else \
-                        "a process this user cannot see"
-                    self.problem("sglang_server_args.port: port %d is held by %s, which is not the managed server; stop it "
-                                 "or choose another port" % (launcher.port, who))
-        holder_gpus = {}
-        for gpu in selected:
-            for proc in gpu.get("processes", []):
-                if proc.get("pid") is not None:
-                    holder_gpus.setdefault(proc["pid"], set()).add(gpu.get("index"))
-        listed = dict((pid, set(gpus)) for pid, gpus in holder_gpus.items())
-        index_by_minor = dict((str(g.get("index")), g.get("index")) for g in selected)
-
-        def index_of(path):
-            minor = procfs.device_gpu_index(path)
-            return index_by_minor.get(str(minor)) if minor is not None else None
-
-        patterns = tuple(p["device_paths"])
-        try:
-            users = procfs.device_holders(table, patterns)
-        except TypeError:
-            users = {}
-        for pid, paths in users.items():
-            for path in paths:
-                if index_of(path) is not None:
-                    holder_gpus.setdefault(pid, set()).add(index_of(path))
-        # Monitoring agents keep the device files open without using the GPUs: told apart by what nvidia-smi lists
-        # and by the GPUs' memory (docs/reference/gpu-watchers.md).
-        accounting = pf.memory_accounting(selected, table, lambda pid: procfs.device_fds(pid, patterns),
-                                          max_used_mib=(p["settings"] or {}).get("gpu_verify_max_used_mib") or 16)
-        watchers, suspects = pf.find_watchers(table, listed, dict((pid, paths) for pid, paths in users.items()
-                                                                  if pid in holder_gpus), accounting, index_of)
-        adopt_res, problems = pf.compile_patterns(p["adopt_patterns"])
-        for text in problems:
-            self.problem(text)
-        exclude = set(gpu_query.GPU_SYSTEM_DAEMONS)
-        own = set(procfs.self_and_ancestors()) if hasattr(procfs, "self_and_ancestors") else {os.getpid()}
-        for pid in list(holder_gpus):
-            if pid in own:
-                holder_gpus.pop(pid)
-        holders = pf.classify_holders(table, holder_gpus, managed_pids, launcher.unit if launcher.manager == "systemd" else None,
-                                      recorded, list(p["adopt_pids"] or []), adopt_res, adopt_from_port, exclude,
-                                      watchers=watchers, suspects=suspects)
-        for h in holders:
-            box = boxed(h["pid"]) if h["class"] != "gone" else None
-            if box:
-                h["container"] = box
-                if h["class"] not in ("watcher", "system"):     # never signalled: only named
-                    self.refuse_container(box, "GPU holder PID %d (%s, GPUs %s)" % (
-                        h["pid"], h["class"], ",".join(str(g) for g in h["gpus"])))
-        foreign = [h for h in holders if h["class"] == "foreign" and not h.get("container")]
-        if foreign and not p["allow_foreign"]:
-            self.problem("the target GPUs are held by %d process(es) that are not this server's: %s. Another team's server? "
-                         "Move this server to other GPUs (sglang_server_cuda_visible_devices), name it in sglang_adopt_pids or "
-                         "sglang_adopt_patterns if this deploy replaces it, or set sglang_teardown_foreign: true to stop it"
-                         % (len(foreign), "; ".join(pf.describe_foreign(h) for h in foreign)))
-        running = None
-        adapters = []
-        if cur["pid"]:
-            running = {"pid": cur["pid"], "fingerprint": cur.get("fingerprint"), "source": cur.get("source"),
-                       "healthy": launcher.healthy_now()}
-        elif adopt_from_port:
-            running = {"pid": adopt_from_port[0], "fingerprint": None, "source": "adopted (port owner)", "healthy": None}
-        if (running and running["healthy"]) or adopt_from_port:
-            adapters = self.runtime_adapters(launcher)
-        # The drain signals the roots it is given (SGLang stops its own schedulers on SIGTERM); every holder that
-        # belongs to the plan is expected, any other one makes the drain refuse to signal anything.
-        wanted = [h for h in holders if h["class"] in ("managed", "adopted", "orphan")
-                  or (h["class"] == "foreign" and p["allow_foreign"])]
-        roots = set(managed_pids + adopt_from_port + [x for x in (p["adopt_pids"] or []) if x in table])
-        for h in wanted:
-            if h["class"] == "orphan":
-                roots.add(h["pid"])
-            elif h["class"] == "foreign":
-                roots.add(h.get("root") or h["pid"])
-            elif not managed_pids and not adopt_from_port:
-                roots.add(h["pid"])
-        expected = sorted(roots | set(h["pid"] for h in wanted))
-        teardown = sorted(roots)
-        for pid in list(teardown):
-            box = boxed(pid)
-            if box:
-                self.refuse_container(box, "teardown root PID %d" % pid)
-                teardown.remove(pid)                                    # never signalled from the host
-        self.report_containers()
-        ports = self.check_ports(launcher, table, expected)
-        return {"current": cur, "running": running, "port_owner": port_owner, "holders": holders, "teardown_pids": teardown,
-                "expected_pids": expected, "ports": ports, "lora_adapters": adapters}
-
-    def container_lookup(self):
-        """``boxed(pid)``: the container (inspected, once per container) a process runs in, unless it is this module's
-        own; None on the host. Starts the per-run list of containers to refuse (:meth:`refuse_container`)."""
-        own = containers.container_of("self")
-        seen = {}
-        self._boxed = {}
-
-        def boxed(pid):
-            found = containers.foreign_container(pid, own=own or {})
-            if not found:
-                return None
-            key = (found["runtime"], found["id"], found["part"])
-            if key not in seen:
-                seen[key] = containers.inspect(found)
-            return seen[key]
-        return boxed
-
-    def refuse_container(self, box, who):
-        """Note ``who`` (a PID and its role in the plan) as a process in ``box`` that the plan would adopt or signal."""
-        whos = self._boxed.setdefault((box["runtime"], box["id"], box["part"]), [box, []])[1]
-        if who not in whos:
-            whos.append(who)
-
-    def report_containers(self):
-        """One problem per container: what runs there, why the host must not signal it, and the fix (issue 24)."""
-        for box, whos in self._boxed.values():
-            engine = "the kubelet" if box["runtime"] not in containers.CLIS else box["runtime"]
-            policy = (" (restart policy %s)" % box["restart_policy"]) if box.get("restart_policy") else ""
-            self.problem(
-                "%s %s in the %s. The preflight does not adopt, stop or signal a process in a container: a signal from "
-                "the host ends only that process, and %s%s starts it again, so it takes the port and the GPUs back after "
-                "the outage has begun. Stop the container with %s, then run again (servers in containers are not managed "
-                "by this collection yet: docs/user-guide.md, \"Servers in containers\"); nothing was touched" % (
-                    "; ".join(whos), "runs" if len(whos) == 1 else "run", containers.describe(box), engine, policy,
-                    containers.fix(box)))
-
     def check_arg_secrets(self, args):
         """Every secret in ``sglang_server_args`` (a secret-named field, a password or token inside a URL) is registered
         as a no_log value at once, so no output shows it, also one refused here. Refused, naming the field and the fix:
@@ -537,25 +368,6 @@ class Preflight(object):
             seconds, source = configured, "default"
         return {"seconds": round(seconds, 1), "source": source, "phases": phases, "configured": configured}
 
-    def check_ports(self, launcher, table, teardown):
-        """Every port the new server binds must be free, or held by what the teardown stops (or only lingering)."""
-        ours = set()
-        for pid in teardown:
-            if pid in table:
-                ours |= {pid} | set(procfs.descendants(table, pid)) | set(pf._session(table, table[pid].sid))
-        out = []
-        for item in ports_mod.bound_ports(launcher.args, node_rank=int(launcher.args.get("node_rank") or 0)):
-            status = sockets.port_status(item["port"])
-            strangers = [l for l in status["listeners"] if l.get("pid") not in ours]
-            entry = dict(item, free=status["free"], lingering=status.get("lingering") or {},
-                         held_by=[l.get("pid") for l in status["listeners"]])
-            out.append(entry)
-            if strangers and item["port"] != launcher.port:
-                self.problem("port %d (%s) is held by %s, which this deploy does not replace; the new server would fail "
-                             "with \"Port is already in use\". Stop it, or change the port in sglang_server_args"
-                             % (item["port"], item["what"], sockets.describe(status)))
-        return out
-
     def known_good(self, manager):
         p = self.p
         kg_dir = launch_mod.known_good_dir(p["config_dir"])
@@ -584,6 +396,25 @@ class Preflight(object):
     # ------------------------------------------------------------------
     def run(self):
         p = self.p
+        mode, value_problems = self._check_inputs()
+        manager, is_systemd = self._pick_manager()
+        selected, resolved, args = self._resolve_on_node(is_systemd, value_problems)
+        self.secret_arg_names = self.check_arg_secrets(p["args"] or {})
+        self.check_caches()
+        launcher = launch_mod.Launcher(self.module, self.launch_params(args, manager), check_mode=True)
+        for blocker in launcher.plan():
+            self.problem(blocker)
+        self.secrets.extend(launcher.secrets)
+        self._probe_places(manager, mode)
+        found = self.inspect_server(launcher, selected)
+        found, entry, kg, decision, lease_info = self._decide(launcher, manager, found)
+        plan = self._plan(launcher, manager, args, found, entry, kg, decision)
+        return self._result(launcher, manager, found, plan, resolved, decision, lease_info)
+
+    def _check_inputs(self):
+        """The settings, the secrets given, the directory mode and the args' values checked; the default GPUs picked.
+        Returns ``(directory mode, value problems)``."""
+        p = self.p
         for text in settings.check_settings(p["settings"]):
             self.problem(text)
         problem = settings.check_text_secret("sglang_server_api_key", p["api_key"])
@@ -609,6 +440,11 @@ class Preflight(object):
             # No sglang_server_cuda_visible_devices: the first GPUs of the node, as many as one node of the layout uses.
             per_node = serving.gpus_per_node(p["args"], p["nnodes"] if (p["nnodes"] or 0) >= 1 else None)[1]
             p["gpus"] = [str(i) for i in range(max(1, per_node) if not value_problems else 1)]
+        return mode, value_problems
+
+    def _pick_manager(self):
+        """``(manager, is_systemd)``: ``auto`` made explicit; systemd asked for where it does not run is a problem."""
+        p = self.p
         manager = p["manager"]
         is_systemd = systemd.running()
         if manager == "auto":
@@ -617,6 +453,11 @@ class Preflight(object):
             self.problem("sglang_server_manager: systemd is not running on this node (PID 1 is not systemd); set "
                          "sglang_server_manager: process or auto")
         self.manager = manager
+        return manager, is_systemd
+
+    def _resolve_on_node(self, is_systemd, value_problems):
+        """The node's GPUs read and the args resolved on them, and checked: ``(selected GPUs, resolved, args)``."""
+        p = self.p
         snap, selected = self.snapshot()
         gpus = [gpu_query.summarize(g) for g in selected]
         gpu = pf.gpu_facts(selected)
@@ -639,13 +480,11 @@ class Preflight(object):
             self.problem("sglang_server_args.delete_ckpt_after_loading: SGLang deletes the checkpoint under %s after warmup, so "
                          "a later rollback could not load the known-good config from it; drop delete_ckpt_after_loading, or set "
                          "sglang_server_rollback: false to accept redeploys without rollback" % args.get("model_path"))
-        self.secret_arg_names = self.check_arg_secrets(p["args"] or {})
-        self.check_caches()
-        launcher = launch_mod.Launcher(self.module, self.launch_params(args, manager), check_mode=True)
-        for blocker in launcher.plan():
-            self.problem(blocker)
-        self.secrets.extend(launcher.secrets)
-        # Every place the run writes, without changing it.
+        return selected, resolved, args
+
+    def _probe_places(self, manager, mode):
+        """Every place the run writes probed, and the directories it makes inspected (the node's facts)."""
+        p = self.p
         places = [("config", p["config_dir"]), ("state", p["state_dir"]), ("log", os.path.dirname(p["log_file"]))]
         if manager == "systemd":
             places.append(("unit", p["unit_dir"]))
@@ -661,7 +500,11 @@ class Preflight(object):
         wanted = list(p["directories"]) + [d for d in self.cache_info["dirs"] if d not in p["directories"]]
         directories = [inspect_directory(d, mode, p["directory_owner"], p["directory_group"]) for d in wanted]
         self.node.update(probes=probes, directories=directories)
-        found = self.inspect_server(launcher, selected)
+
+    def _decide(self, launcher, manager, found):
+        """The action (journal, known-good, what runs), under the lease when one is taken:
+        ``(found, entry, kg, decision, lease_info)``."""
+        p = self.p
         entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
         kg = self.known_good(manager)
         decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
@@ -677,6 +520,11 @@ class Preflight(object):
                 if lease_info.get("acquired"):
                     lease_mod.release(self.lease_path, self.run_id)
                 raise
+        return found, entry, kg, decision, lease_info
+
+    def _plan(self, launcher, manager, args, found, entry, kg, decision):
+        """The plan: the one launch spec, the action and why, what runs and what the drain stops."""
+        p = self.p
         running_identity = None
         record = (found["current"].get("record") or {})
         if found["running"] and record.get("fingerprint") == found["running"].get("fingerprint"):
@@ -718,6 +566,11 @@ class Preflight(object):
             # The compile caches: the variables added to the env, the directories to create, size and free space.
             "cache": self.cache_info,
         }
+        return plan
+
+    def _result(self, launcher, manager, found, plan, resolved, decision, lease_info):
+        """The module's result (secrets redacted), with ``msg`` when the preflight failed."""
+        p = self.p
         # A real run changes the node when it takes the lease for an action; check mode says whether one would.
         changes = decision["action"] != identity.NONE and not self.problems
         result = {

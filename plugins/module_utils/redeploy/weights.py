@@ -269,12 +269,33 @@ def weights_plan(running_args, intended_args, running_model_config=None, new_mod
     """
     old = _args(running_args)
     new = _args(intended_args)
-    reasons = []
     notes = []
+    differences = _arg_differences(old, new)
+    load_format = new.get("load_format") or "auto"
+    reasons = _arg_reasons(old, new, differences, load_format, version, notes)
+    # The checkpoints.
+    checkpoint = {"running": None, "new": None}
+    before = _checkpoint_side(running_model_config, old.get("model_path"), old.get("load_format"), weights_needed=False)
+    after = _checkpoint_side(new_model_config, new.get("model_path"), load_format, weights_needed=True)
+    checkpoint["running"] = _summary(before)
+    checkpoint["new"] = _summary(after)
+    if before["error"]:
+        reasons.append("the running checkpoint cannot be compared: %s" % before["error"])
+    if after["error"]:
+        reasons.append("the new checkpoint: %s" % after["error"])
+    if before["config"] is not None and after["config"] is not None:
+        _compare_configs(before, after, differences, reasons)
+    if before["path"] and after["path"] and before["error"] is None and after["error"] is None:
+        _compare_files_and_tensors(before, after, old, new, load_format, checkpoint, differences, reasons, notes)
+    mode, why = _verdict(reasons, differences, checkpoint)
+    return {"mode": mode, "why": why, "differences": differences, "reasons": reasons, "notes": notes,
+            "checkpoint": checkpoint}
+
+
+def _arg_differences(old, new):
+    """The server args that differ between ``old`` and ``new``: ``[{field, before, after, kind}]`` (kind ``update``,
+    ``follows`` or ``arg``)."""
     differences = []
-    if versions.release_tuple(version) < MIN_VERSION:
-        reasons.append("SGLang %s cannot verify an in-place update: per-rank /weights_checker checksums arrived in "
-                       "0.5.23 (0.5.10 can only snapshot the whole model into host memory)" % version)
     for key in sorted(set(old) | set(new)):
         if key in UPDATED_ARGS:
             if _canon(old.get(key)) != _canon(new.get(key)):
@@ -288,13 +309,21 @@ def weights_plan(running_args, intended_args, running_model_config=None, new_mod
                                 "kind": "follows"})
             continue
         differences.append({"field": "args.%s" % key, "before": old.get(key), "after": new.get(key), "kind": "arg"})
+    return differences
+
+
+def _arg_reasons(old, new, differences, load_format, version, notes):
+    """Why the args (and the SGLang version) rule an in-place update out, one line each; adds to ``notes``."""
+    reasons = []
+    if versions.release_tuple(version) < MIN_VERSION:
+        reasons.append("SGLang %s cannot verify an in-place update: per-rank /weights_checker checksums arrived in "
+                       "0.5.23 (0.5.10 can only snapshot the whole model into host memory)" % version)
     changed_args = [d for d in differences if d["kind"] == "arg"]
     if changed_args:
         reasons.append("server args other than the model path differ (%s); only a restart applies them" % "; ".join(
             "%s: %s -> %s" % (d["field"][5:], _show(d["before"]), _show(d["after"])) for d in changed_args[:8]))
     if not [d for d in differences if d["kind"] == "update"]:
         notes.append("the model path and the weight version are unchanged: an in-place update has nothing to swap")
-    load_format = new.get("load_format") or "auto"
     if load_format not in LOAD_FORMAT_PATTERNS:
         reasons.append("load_format %s: SGLang updates weights in place only through its default loader (%s)"
                        % (load_format, ", ".join(sorted(LOAD_FORMAT_PATTERNS))))
@@ -322,48 +351,49 @@ def weights_plan(running_args, intended_args, running_model_config=None, new_mod
         notes.append("multi-node group (nnodes %d): the update is sent to rank 0's server only; SGLang forwards it to "
                      "every node's schedulers (the simulator's rank 0 answers for all ranks and does not tell the "
                      "other nodes' processes)" % nnodes)
-    # The checkpoints.
-    checkpoint = {"running": None, "new": None}
-    before = _checkpoint_side(running_model_config, old.get("model_path"), old.get("load_format"), weights_needed=False)
-    after = _checkpoint_side(new_model_config, new.get("model_path"), load_format, weights_needed=True)
-    checkpoint["running"] = _summary(before)
-    checkpoint["new"] = _summary(after)
-    if before["error"]:
-        reasons.append("the running checkpoint cannot be compared: %s" % before["error"])
-    if after["error"]:
-        reasons.append("the new checkpoint: %s" % after["error"])
-    if before["config"] is not None and after["config"] is not None:
-        config_diffs = _config_differences(before["config"], after["config"])
-        differences.extend(config_diffs)
-        shape = [d for d in config_diffs if d["kind"] == "shape"]
-        other = [d for d in config_diffs if d["kind"] == "config"]
-        if shape:
-            reasons.append("the checkpoint's model layout differs (%s): the running model's parameters keep their "
-                           "launch shapes and dtype, so the load fails or is partial" % "; ".join(
-                               "%s: %s -> %s" % (d["field"][7:], _show(d["before"]), _show(d["after"])) for d in shape[:6]))
-        if other:
-            reasons.append("config.json differs (%s): an in-place update keeps the launch config, a restart would use "
-                           "the new values" % "; ".join(
-                               "%s: %s -> %s" % (d["field"][7:], _show(d["before"]), _show(d["after"])) for d in other[:6]))
-    if before["path"] and after["path"] and before["error"] is None and after["error"] is None:
-        names = MODEL_FILES
-        if _follows(old, "tokenizer_path") and _follows(new, "tokenizer_path"):
-            names = STARTUP_FILES
-        file_diffs = []
-        for name in sorted(n for n in set(before["startup_files"]) | set(after["startup_files"]) if n in names):
-            if before["startup_files"].get(name) != after["startup_files"].get(name):
-                file_diffs.append({"field": "file.%s" % name, "before": before["startup_files"].get(name),
-                                   "after": after["startup_files"].get(name), "kind": "file"})
-        differences.extend(file_diffs)
-        if file_diffs:
-            reasons.append("files read only at startup differ (%s): an in-place update keeps the running tokenizer and "
-                           "generation defaults" % ", ".join(d["field"][5:] for d in file_diffs))
-        tensors = _tensor_check(before, after, old.get("load_format") or "auto", load_format)
-        differences.extend(tensors["differences"])
-        reasons.extend(tensors["reasons"])
-        notes.extend(tensors["notes"])
-        checkpoint["running"]["tensors"] = tensors["counts"][0]
-        checkpoint["new"]["tensors"] = tensors["counts"][1]
+    return reasons
+
+
+def _compare_configs(before, after, differences, reasons):
+    """The two ``config.json`` compared: their differences, and why they rule an in-place update out."""
+    config_diffs = _config_differences(before["config"], after["config"])
+    differences.extend(config_diffs)
+    shape = [d for d in config_diffs if d["kind"] == "shape"]
+    other = [d for d in config_diffs if d["kind"] == "config"]
+    if shape:
+        reasons.append("the checkpoint's model layout differs (%s): the running model's parameters keep their "
+                       "launch shapes and dtype, so the load fails or is partial" % "; ".join(
+                           "%s: %s -> %s" % (d["field"][7:], _show(d["before"]), _show(d["after"])) for d in shape[:6]))
+    if other:
+        reasons.append("config.json differs (%s): an in-place update keeps the launch config, a restart would use "
+                       "the new values" % "; ".join(
+                           "%s: %s -> %s" % (d["field"][7:], _show(d["before"]), _show(d["after"])) for d in other[:6]))
+
+
+def _compare_files_and_tensors(before, after, old, new, load_format, checkpoint, differences, reasons, notes):
+    """The startup files and the tensor layouts of two readable checkpoints compared (see :func:`weights_plan`)."""
+    names = MODEL_FILES
+    if _follows(old, "tokenizer_path") and _follows(new, "tokenizer_path"):
+        names = STARTUP_FILES
+    file_diffs = []
+    for name in sorted(n for n in set(before["startup_files"]) | set(after["startup_files"]) if n in names):
+        if before["startup_files"].get(name) != after["startup_files"].get(name):
+            file_diffs.append({"field": "file.%s" % name, "before": before["startup_files"].get(name),
+                               "after": after["startup_files"].get(name), "kind": "file"})
+    differences.extend(file_diffs)
+    if file_diffs:
+        reasons.append("files read only at startup differ (%s): an in-place update keeps the running tokenizer and "
+                       "generation defaults" % ", ".join(d["field"][5:] for d in file_diffs))
+    tensors = _tensor_check(before, after, old.get("load_format") or "auto", load_format)
+    differences.extend(tensors["differences"])
+    reasons.extend(tensors["reasons"])
+    notes.extend(tensors["notes"])
+    checkpoint["running"]["tensors"] = tensors["counts"][0]
+    checkpoint["new"]["tensors"] = tensors["counts"][1]
+
+
+def _verdict(reasons, differences, checkpoint):
+    """``(mode, why)`` of :func:`weights_plan`."""
     if reasons:
         mode = RESTART
         why = "restart: " + "; ".join(reasons)
@@ -374,8 +404,7 @@ def weights_plan(running_args, intended_args, running_model_config=None, new_mod
         why = "weights: only %s change%s; same args, same model layout and config.json, same tokenizer files%s" % (
             " and ".join(changes) or "nothing", "" if len(changes) != 1 else "s",
             ", same tensor names, dtypes and shapes" if checkpoint["new"].get("tensors") is not None else "")
-    return {"mode": mode, "why": why, "differences": differences, "reasons": reasons, "notes": notes,
-            "checkpoint": checkpoint}
+    return mode, why
 
 
 def _checkpoint_side(given, model_path, load_format, weights_needed):
@@ -567,6 +596,46 @@ def update_in_place(base_url, api_key, model_path, weight_version=None, load_for
               "checksums_changed": None, "model_info": None, "message": "", "num_paused_requests": 0,
               "failure": None, "old_weights_serving": None, "timings": timings}
     short = min(float(timeout), 60.0)
+    info_before, sums_before = _state_before(base_url, api_key, short, timeout, timings, result)
+    result.update(model_path_before=info_before["model_path"], model_info=info_before)
+    result["weight_version"]["before"] = info_before["weight_version"]
+    result["checksums"]["before"] = sums_before
+    body = {"model_path": model_path, "abort_all_requests": bool(abort_all_requests), "flush_cache": bool(flush_cache)}
+    if load_format:
+        body["load_format"] = load_format
+    if weight_version is not None:
+        body["weight_version"] = str(weight_version)
+    failure, message = _send_update(base_url, api_key, timeout, body, timings, result)
+    result["message"] = message
+    # Read the state after, whatever happened.
+    info_after, sums_after, after_error = _state_after(base_url, api_key, short, timeout, timings)
+    if info_after is not None:
+        result["model_info"] = info_after
+        result["weight_version"]["after"] = info_after["weight_version"]
+    result["checksums"]["after"] = sums_after
+    if sums_after is not None:
+        result["checksums_changed"] = sums_after.get("per_engine_checksum") != sums_before.get("per_engine_checksum")
+    timings["total_s"] = round(_clock() - started, 3)
+    if failure == "flush" and info_after is not None and info_after.get("model_path") == model_path:
+        failure, message = _flush_again(base_url, api_key, short, message)
+        result["message"] = message
+    if failure is not None:
+        result["failure"] = failure
+        if info_after is not None and sums_after is not None:
+            result["old_weights_serving"] = _same_state(info_before, info_after, sums_before, sums_after)
+        raise WeightsError(_failure_message(failure, message, info_before, info_after, result, after_error), result)
+    # Verify the success.
+    problems = _verify_update(info_before, info_after, sums_after, after_error, model_path, weight_version,
+                              expected_checksum, result)
+    if problems:
+        result["failure"] = "verify"
+        raise WeightsError("the update of %s answered success but does not verify: %s" % (base_url, "; ".join(problems)), result)
+    result["changed"] = True
+    return result
+
+
+def _state_before(base_url, api_key, short, timeout, timings, result):
+    """``(model_info, checksums)`` before the update; raises :class:`WeightsError` (nothing was changed)."""
     try:
         tic = _clock()
         info_before = model_info(base_url, api_key, short)
@@ -580,14 +649,11 @@ def update_in_place(base_url, api_key, model_path, weight_version=None, load_for
     except WeightsError as exc:
         result["failure"] = "http"
         raise WeightsError("%s; nothing was changed" % exc.msg, result)
-    result.update(model_path_before=info_before["model_path"], model_info=info_before)
-    result["weight_version"]["before"] = info_before["weight_version"]
-    result["checksums"]["before"] = sums_before
-    body = {"model_path": model_path, "abort_all_requests": bool(abort_all_requests), "flush_cache": bool(flush_cache)}
-    if load_format:
-        body["load_format"] = load_format
-    if weight_version is not None:
-        body["weight_version"] = str(weight_version)
+    return info_before, sums_before
+
+
+def _send_update(base_url, api_key, timeout, body, timings, result):
+    """Send ``/update_weights_from_disk``: ``(failure, message)``, failure None on success."""
     failure = None
     message = ""
     tic = _clock()
@@ -616,8 +682,11 @@ def update_in_place(base_url, api_key, model_path, weight_version=None, load_for
             message = "HTTP %s: %s" % (status, _short(data))
         else:
             failure = classify_failure(message)
-    result["message"] = message
-    # Read the state after, whatever happened.
+    return failure, message
+
+
+def _state_after(base_url, api_key, short, timeout, timings):
+    """``(model_info, checksums, error)`` after the update, whatever happened (None where unread)."""
     info_after = sums_after = None
     try:
         info_after = model_info(base_url, api_key, short)
@@ -628,22 +697,11 @@ def update_in_place(base_url, api_key, model_path, weight_version=None, load_for
         after_error = getattr(exc, "msg", None) or str(exc)
     else:
         after_error = None
-    if info_after is not None:
-        result["model_info"] = info_after
-        result["weight_version"]["after"] = info_after["weight_version"]
-    result["checksums"]["after"] = sums_after
-    if sums_after is not None:
-        result["checksums_changed"] = sums_after.get("per_engine_checksum") != sums_before.get("per_engine_checksum")
-    timings["total_s"] = round(_clock() - started, 3)
-    if failure == "flush" and info_after is not None and info_after.get("model_path") == model_path:
-        failure, message = _flush_again(base_url, api_key, short, message)
-        result["message"] = message
-    if failure is not None:
-        result["failure"] = failure
-        if info_after is not None and sums_after is not None:
-            result["old_weights_serving"] = _same_state(info_before, info_after, sums_before, sums_after)
-        raise WeightsError(_failure_message(failure, message, info_before, info_after, result, after_error), result)
-    # Verify the success.
+    return info_after, sums_after, after_error
+
+
+def _verify_update(info_before, info_after, sums_after, after_error, model_path, weight_version, expected_checksum, result):
+    """Why an update that answered success does not verify, one line each."""
     problems = []
     if info_after is None or sums_after is None:
         problems.append("the state after the update could not be read (%s)" % after_error)
@@ -659,11 +717,7 @@ def update_in_place(base_url, api_key, model_path, weight_version=None, load_for
               and not result["checksums_changed"]):
             problems.append("the checksums did not change although the model path did (%s -> %s)" % (
                 info_before.get("model_path"), model_path))
-    if problems:
-        result["failure"] = "verify"
-        raise WeightsError("the update of %s answered success but does not verify: %s" % (base_url, "; ".join(problems)), result)
-    result["changed"] = True
-    return result
+    return problems
 
 
 def _flush_again(base_url, api_key, timeout, message):

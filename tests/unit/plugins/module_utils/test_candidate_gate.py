@@ -3,8 +3,8 @@
 - a stop that ends by SIGTERM, or with exit status 143, is a normal stop (``supervise.normal_stop``, the stop report's
   ``exit`` and ``normal_stop``, the unit's ``SuccessExitStatus=143``);
 - a candidate whose scheduler or detokenizer is gone, or whose log says a process failed, is a crash
-  (``launcher.CrashWatch``), which the gate fails at once;
-- an SGLang server's command line, ``python -m sglang.launch_server`` or ``sglang serve`` (``launcher.is_server_argv``).
+  (``crash_watch.CrashWatch``), which the gate fails at once;
+- an SGLang server's command line, ``python -m sglang.launch_server`` or ``sglang serve`` (``crash_watch.is_server_argv``).
 
 Processes: small Python or shell processes started here, each stopped by the code under test or SIGKILLed by PID at
 the end. The real server's side of each point is in tests/real_server/test_collection_gate.py.
@@ -20,7 +20,7 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
-from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import crash_watch
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import unit as unit_mod
 
 
@@ -147,7 +147,7 @@ class Procs(object):
 
 def test_crash_watch_reports_a_child_gone_while_the_main_process_runs():
     procs = Procs({11: "sglang::scheduler", 12: "sglang::detokenizer", 13: None})
-    watch = engine.CrashWatch(role_of=procs.role_of, alive=procs.alive, parent_of=procs.parent_of)
+    watch = crash_watch.CrashWatch(role_of=procs.role_of, alive=procs.alive, parent_of=procs.parent_of)
     assert watch.check(10, [(10, 1)]) is None                              # no child yet (still importing)
     assert watch.check(10, [(10, 1), (11, 2), (13, 4)]) is None           # a scheduler; 13 is the resource tracker
     assert watch.check(10, [(10, 1), (11, 2), (12, 3), (13, 4)]) is None
@@ -164,7 +164,7 @@ def test_crash_watch_ignores_what_a_scheduler_forks_and_follows_the_dp_controlle
     procs = Procs({11: "sglang::scheduler", 14: "sglang::scheduler", 20: "sglang::data_parallel_controller",
                    21: "sglang::scheduler_DP0", 22: "sglang::scheduler_DP1", 12: "sglang::detokenizer"},
                   parents={14: 11, 21: 20, 22: 20})
-    watch = engine.CrashWatch(role_of=procs.role_of, alive=procs.alive, parent_of=procs.parent_of)
+    watch = crash_watch.CrashWatch(role_of=procs.role_of, alive=procs.alive, parent_of=procs.parent_of)
     assert watch.check(10, [(10, 1), (11, 2), (14, 5), (12, 3)]) is None
     assert watch.check(10, [(10, 1), (11, 2), (14, 5), (12, 3), (20, 6)]) is None
     assert watch.check(10, [(10, 1), (11, 2), (12, 3), (20, 6), (21, 7), (22, 8)]) is None
@@ -179,7 +179,7 @@ def test_crash_watch_reads_the_crash_lines_of_the_log_as_they_come(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("=== an older run ===\nScheduler hit an exception: old\n")
     offset = log.stat().st_size
-    watch = engine.CrashWatch(str(log), offset, role_of=lambda pid: None, alive=lambda pid, start=None: True)
+    watch = crash_watch.CrashWatch(str(log), offset, role_of=lambda pid: None, alive=lambda pid, start=None: True)
     assert watch.check(10, [(10, 1)]) is None                              # the older run's crash is not this one's
     with open(str(log), "a") as fh:
         fh.write("[2026-12-06 21:00:00] Load weight end.\n[2026-12-06 21:00:01] Sleeping 5 seconds before crash diag")
@@ -200,8 +200,8 @@ def test_crash_watch_reads_the_crash_lines_of_the_log_as_they_come(tmp_path):
     "[2026-12-06 21:00:00] Sleeping 5 seconds before crash diagnostics to let GPU activity settle.",
 ])
 def test_crash_lines(line):
-    assert engine.crash_line("ok\n%s\nmore\n" % line) == line
-    assert engine.crash_line("The server is fired up and ready to roll!\n") is None
+    assert crash_watch.crash_line("ok\n%s\nmore\n" % line) == line
+    assert crash_watch.crash_line("The server is fired up and ready to roll!\n") is None
 
 
 def test_child_role_reads_the_title_and_falls_back_to_comm(tmp_path):
@@ -212,9 +212,9 @@ def test_child_role_reads_the_title_and_falls_back_to_comm(tmp_path):
         while sp.cmdline(titled.pid)[:1] != ["sglang::scheduler_TP0"]:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        assert engine.child_role(titled.pid) == "sglang::scheduler_TP0"
-        assert engine.child_role(plain.pid) is None
-        assert engine.child_role(2 ** 22 + 7) is None                     # no such process
+        assert crash_watch.child_role(titled.pid) == "sglang::scheduler_TP0"
+        assert crash_watch.child_role(plain.pid) is None
+        assert crash_watch.child_role(2 ** 22 + 7) is None                     # no such process
     finally:
         for proc in (titled, plain):
             proc.kill()
@@ -239,4 +239,4 @@ def test_child_role_reads_the_title_and_falls_back_to_comm(tmp_path):
     ([], False),
 ])
 def test_is_server_argv(argv, server):
-    assert engine.is_server_argv(argv) is server
+    assert crash_watch.is_server_argv(argv) is server

@@ -26,6 +26,11 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import address
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import health_gate
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launch_params
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import server_logs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import stored_launch
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import compare
@@ -220,14 +225,14 @@ def test_every_blocker_is_reported_together(tmp_path):
 
 
 def test_hosts_urls_and_argv_helpers():
-    assert engine.base_url("0.0.0.0", 30000) == "http://127.0.0.1:30000"
-    assert engine.base_url("::", 1) == "http://[::1]:1" and engine.base_url("[::]", 2) == "http://[::1]:2"
-    assert engine.base_url("10.1.2.3", 5) == "http://10.1.2.3:5" and engine.base_url("", 6) == "http://127.0.0.1:6"
-    assert engine.probe_host("[::1]") == "::1"
-    assert engine.norm_key("--speculative-num-steps") == "speculative_num_steps"
+    assert address.base_url("0.0.0.0", 30000) == "http://127.0.0.1:30000"
+    assert address.base_url("::", 1) == "http://[::1]:1" and address.base_url("[::]", 2) == "http://[::1]:2"
+    assert address.base_url("10.1.2.3", 5) == "http://10.1.2.3:5" and address.base_url("", 6) == "http://127.0.0.1:6"
+    assert address.probe_host("[::1]") == "::1"
+    assert launch_params.norm_key("--speculative-num-steps") == "speculative_num_steps"
     long_line = "x" * 500
-    assert engine.short_lines(["a", long_line]) == "a\n" + "x" * 400 + " [... 100 more characters]"
-    assert engine.num_text(1800.0) == "1800" and engine.num_text(0.05) == "0.05"
+    assert server_logs.short_lines(["a", long_line]) == "a\n" + "x" * 400 + " [... 100 more characters]"
+    assert health_gate.num_text(1800.0) == "1800" and health_gate.num_text(0.05) == "0.05"
 
 
 def test_port_in_use():
@@ -237,11 +242,11 @@ def test_port_in_use():
     sock.listen(1)
     port = sock.getsockname()[1]
     try:
-        assert engine.port_in_use("127.0.0.1", port) and engine.port_in_use("0.0.0.0", port)
+        assert address.port_in_use("127.0.0.1", port) and address.port_in_use("0.0.0.0", port)
     finally:
         sock.close()
-    assert not engine.port_in_use("127.0.0.1", port)
-    assert not engine.port_in_use("no-such-host.invalid", port)
+    assert not address.port_in_use("127.0.0.1", port)
+    assert not address.port_in_use("no-such-host.invalid", port)
 
 
 # ---------------------------------------------------------------------------
@@ -399,23 +404,23 @@ def test_write_files_without_config_dir_keeps_the_files_in_the_state_dir(tmp_pat
 # ---------------------------------------------------------------------------
 
 def test_load_record_of_nothing_of_a_record_and_of_broken_files(tmp_path):
-    assert engine.load_record(str(tmp_path / "known-good")) == (None, None)
+    assert stored_launch.load_record(str(tmp_path / "known-good")) == (None, None)
     kg = tmp_path / "known-good"
     kg.mkdir()
     (kg / "server.json").write_text(json.dumps({"name": "kg", "args": {"model_path": "/m"}}))
     (kg / "secrets.json").write_text(json.dumps({"args": {"api_key": KEY}, "env": {"HF_TOKEN": TOKEN}}))
-    record, stored = engine.load_record(str(kg))
+    record, stored = stored_launch.load_record(str(kg))
     assert record == {"name": "kg", "args": {"model_path": "/m"}}
     assert stored == {"args": {"api_key": KEY}, "env": {"HF_TOKEN": TOKEN}}
     (kg / "secrets.json").write_text(json.dumps({"args": None}))
-    assert engine.load_record(str(kg))[1] == {"args": {}, "env": {}}
+    assert stored_launch.load_record(str(kg))[1] == {"args": {}, "env": {}}
     (kg / "server.json").write_text("{not json")
     with pytest.raises(engine.LaunchError) as info:
-        engine.load_record(str(kg))
+        stored_launch.load_record(str(kg))
     assert info.value.msg.startswith("%s cannot be read: " % (kg / "server.json"))
     (kg / "server.json").write_text("[1, 2]")
     with pytest.raises(engine.LaunchError) as info:
-        engine.load_record(str(kg))
+        stored_launch.load_record(str(kg))
     assert info.value.msg == "%s does not hold a JSON object" % (kg / "server.json")
 
 
@@ -424,13 +429,13 @@ def test_load_record_written_before_secrets_json_existed_takes_the_key_from_conf
     kg.mkdir()
     (kg / "server.json").write_text(json.dumps({"name": "kg", "args": {"model_path": "/m", "api_key": "********"}}))
     (kg / "config.yaml").write_text('api-key: "%s"\nadmin-api-key: "%s"\n' % (KEY, ADMIN))
-    record, stored = engine.load_record(str(kg))
+    record, stored = stored_launch.load_record(str(kg))
     assert stored == {"args": {"api_key": KEY, "admin_api_key": ADMIN}, "env": {}}
-    params_ = engine.launch_params_from_record(record, stored, {"state_dir": str(tmp_path / "state")})
+    params_ = stored_launch.launch_params_from_record(record, stored, {"state_dir": str(tmp_path / "state")})
     assert params_["args"] == {"model_path": "/m", "api_key": KEY, "admin_api_key": ADMIN}
     # Neither secrets.json nor config.yaml: no secrets at all.
     os.unlink(str(kg / "config.yaml"))
-    assert engine.load_record(str(kg))[1] == {"args": {}, "env": {}}
+    assert stored_launch.load_record(str(kg))[1] == {"args": {}, "env": {}}
 
 
 def test_launch_params_from_record_over_the_runs_base():
@@ -441,7 +446,7 @@ def test_launch_params_from_record_over_the_runs_base():
     base = {"name": "main", "version": "0.5.23", "manager": "systemd", "python": "python3", "state_dir": "/s",
             "config_dir": "/c", "health_timeout": 99, "api_key": "candidate-key", "expect": {"x": 1}, "args": {"x": 1},
             "env": {"B": "2"}}
-    out = engine.launch_params_from_record(record, stored, base)
+    out = stored_launch.launch_params_from_record(record, stored, base)
     assert out["name"] == "kg" and out["version"] == "0.5.10" and out["manager"] == "process"
     assert out["python"] == "/opt/sglang/bin/python" and out["chdir"] == "/srv"
     assert out["args"] == {"model_path": "/m", "tp_size": 2, "api_key": KEY}
@@ -450,7 +455,7 @@ def test_launch_params_from_record_over_the_runs_base():
     assert out["state_dir"] == "/s" and out["config_dir"] == "/c" and out["health_timeout"] == 99
     assert base["api_key"] == "candidate-key" and record["args"] == {"model_path": "/m", "tp_size": 2}    # inputs untouched
     # The record's own CUDA_VISIBLE_DEVICES wins; a record without one, and without effective, takes the base's names.
-    out = engine.launch_params_from_record(dict(record, env={"CUDA_VISIBLE_DEVICES": "7"}, effective=None, name=None),
+    out = stored_launch.launch_params_from_record(dict(record, env={"CUDA_VISIBLE_DEVICES": "7"}, effective=None, name=None),
                                            {"args": {}, "env": {}}, base)
     assert out["env"] == {"CUDA_VISIBLE_DEVICES": "7"} and out["expect"] is None and out["name"] == "main"
 
@@ -462,9 +467,9 @@ def test_a_relaunch_of_the_promoted_record_has_the_promoted_identity(tmp_path):
     assert blockers == []
     first.write_files()
     shutil.copytree(str(tmp_path / "etc" / "candidate"), str(tmp_path / "etc" / "known-good"))
-    record, stored = engine.load_record(engine.known_good_dir(str(tmp_path / "etc")))
+    record, stored = stored_launch.load_record(stored_launch.known_good_dir(str(tmp_path / "etc")))
     base = params(tmp_path, args={"model_path": "/models/other"}, api_key="candidate-key", env={"X": "candidate"})
-    again = engine.Launcher(Ctx(), engine.launch_params_from_record(record, stored, base))
+    again = engine.Launcher(Ctx(), stored_launch.launch_params_from_record(record, stored, base))
     assert again.plan() == []
     assert again.fp == first.fp and again.argv == first.argv and again.secret_args == first.secret_args
     assert again.secret_env == {"HF_TOKEN": TOKEN} and again.api_key == KEY

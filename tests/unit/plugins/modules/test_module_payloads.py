@@ -26,7 +26,9 @@ from ansible.template import Templar
 PREFIX = "ansible_collections/gpufleet/sglang/plugins/"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 MIRROR = {"module_utils/sglang/resolve.py", "module_utils/sglang/rules.py", "module_utils/sglang/flags_data.py"}
-LAUNCHER = {"module_utils/server/launcher.py", "module_utils/sglang/render.py", "module_utils/sglang/compare.py"}
+LAUNCHER = {"module_utils/server/%s.py" % name for name in (
+    "launcher", "launch_params", "address", "stored_launch", "crash_watch", "server_logs", "launch_plan", "process_control",
+    "health_gate", "config_check")} | {"module_utils/sglang/render.py", "module_utils/sglang/compare.py"}
 
 
 def payload_files(name):

@@ -18,7 +18,8 @@ from test_sglang_preflight import hand_started, monitor, node, run  # noqa: E402
 
 __all__ = ["node", "run"]   # the fixtures, used as test parameters
 
-from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import containers
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 
 CID = "ab" * 32
 
@@ -27,17 +28,17 @@ CID = "ab" * 32
 def boxed(monkeypatch):
     """``boxed(pids, own=None)``: these PIDs run in docker container CID; this module in ``own`` (None: on the host)."""
     def _boxed(pids, own=None):
-        real = plan_mod.containers.container_of
+        real = containers.container_of
 
-        def container_of(pid, proc_root=plan_mod.procfs.PROC_ROOT):
+        def container_of(pid, proc_root=procfs.PROC_ROOT):
             if pid == "self":
                 return {"runtime": "docker", "id": own, "part": "container"} if own else None
             if pid in pids:
                 return {"runtime": "docker", "id": CID, "part": "container"}
             return real(pid, proc_root)
-        monkeypatch.setattr(plan_mod.containers, "container_of", container_of)
-        inspect = plan_mod.containers.inspect
-        monkeypatch.setattr(plan_mod.containers, "inspect", lambda found: inspect(found, which=lambda name: None))
+        monkeypatch.setattr(containers, "container_of", container_of)
+        inspect = containers.inspect
+        monkeypatch.setattr(containers, "inspect", lambda found: inspect(found, which=lambda name: None))
     return _boxed
 
 

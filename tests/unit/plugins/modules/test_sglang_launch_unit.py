@@ -1,9 +1,10 @@
 """Unit tests for sglang_launch: module_utils/common/http.py, module_utils/node/supervise.py (masking, state file,
 spawn and stop), the effective-config comparison it runs (module_utils/sglang/compare.py), and the module
-itself: ``main()`` in-process (``patch_module_args``) over the launch engine (module_utils/server/launcher.py) with
-the process, HTTP and systemctl calls replaced by fakes, so that no server process is started.
+itself: ``main()`` in-process (``patch_module_args``) over the launch engine (module_utils/server/launcher.py and the modules it is built from)
+with the process, HTTP and systemctl calls replaced by fakes, so that no server process is started.
 
-module_utils/server/launcher.py itself (plan, current, write_files, records) is tested in
+module_utils/server/launcher.py itself (plan, current, write_files, records: launch_plan.py, process_control.py,
+stored_launch.py) is tested in
 tests/unit/plugins/module_utils/test_launcher.py, and the engine against the real fake SGLang server in
 test_sglang_replace.py."""
 from __future__ import annotations
@@ -23,7 +24,10 @@ from ansible.module_utils import basic
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http as h
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
-from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import crash_watch
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import health_gate
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import process_control
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import compare
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_launch as m
@@ -536,7 +540,7 @@ class World(object):
         self.exit_after = 1
         self.responder = self.systemctl
         self.journal = "journal line\n"
-        sp_ = engine.sp
+        sp_ = sp
         monkeypatch.setattr(sp_, "alive", lambda pid, start=None: pid in self.procs and (start is None or self.procs[pid] == start))
         monkeypatch.setattr(sp_, "starttime", self.procs.get)
         monkeypatch.setattr(sp_, "cmdline", lambda pid: self.cmdlines.get(pid, []))
@@ -545,10 +549,10 @@ class World(object):
         monkeypatch.setattr(sp_, "spawn_detached", self.spawn)
         monkeypatch.setattr(sp_, "stop_tree", self.stop_tree)
         monkeypatch.setattr(sp_, "kill_leftovers", lambda members, grace=5.0: ([p for p, _s in members], []))
-        monkeypatch.setattr(engine.http, "request", self.request)
-        monkeypatch.setattr(engine, "port_in_use", lambda host, port, timeout=0.5: False)
-        monkeypatch.setattr(engine.sockets, "port_listeners", lambda port: (False, []))
-        monkeypatch.setattr(engine.systemd, "running", lambda root="/run/systemd/system": True)
+        monkeypatch.setattr(h, "request", self.request)
+        monkeypatch.setattr(process_control, "port_in_use", lambda host, port, timeout=0.5: False)
+        monkeypatch.setattr(sockets, "port_listeners", lambda port: (False, []))
+        monkeypatch.setattr(systemd, "running", lambda root="/run/systemd/system": True)
         monkeypatch.setattr(basic.AnsibleModule, "run_command", self.run_command)
         monkeypatch.setattr(basic.AnsibleModule, "get_bin_path",
                             lambda module, name, required=False, opt_dirs=None: "/usr/bin/" + name)
@@ -780,11 +784,11 @@ def test_flow_a_crashed_candidate_fails_at_once_and_is_stopped_even_with_keep_on
     for kid, title in kids.items():
         world.procs[kid] = 9
         world.cmdlines[kid] = [title]
-    monkeypatch.setattr(engine.sp, "tree", tree)
-    monkeypatch.setattr(engine.sp, "stop_tree", stop_tree)
-    monkeypatch.setattr(engine, "_parent_of", lambda pid: main)
-    monkeypatch.setattr(engine, "CRASH_EXIT_WAIT_S", 0.3)
-    monkeypatch.setattr(engine.http, "request", request)
+    monkeypatch.setattr(sp, "tree", tree)
+    monkeypatch.setattr(sp, "stop_tree", stop_tree)
+    monkeypatch.setattr(crash_watch, "_parent_of", lambda pid: main)
+    monkeypatch.setattr(health_gate, "CRASH_EXIT_WAIT_S", 0.3)
+    monkeypatch.setattr(h, "request", request)
     res = launch(monkeypatch, base_params(tmp_path, health_timeout=600, keep_on_failure=True, manager=manager))
     assert res["failed"] is True and "crashed" in res["msg"] and "did not become healthy" not in res["msg"], res["msg"]
     assert res["crashed"] == "its process sglang::detokenizer (PID %d) is gone while the main process %d still runs" % (
@@ -820,7 +824,7 @@ def test_flow_a_200_from_another_process_on_the_port_is_not_health(world, tmp_pa
         asked.append((port, list(pids)))
         return {"listening": True, "ours": False, "known": True, "others": [4242]}
 
-    monkeypatch.setattr(engine.sockets, "port_held_by", held_by)
+    monkeypatch.setattr(sockets, "port_held_by", held_by)
     world.cmdlines[4242] = ["python3", "-m", "sglang.launch_server", "--port", "31111"]
     res = launch(monkeypatch, base_params(tmp_path, health_timeout=600))
     assert res["failed"] is True and "exited with code 3" in res["msg"], res["msg"]
@@ -831,7 +835,7 @@ def test_flow_a_200_from_another_process_on_the_port_is_not_health(world, tmp_pa
 
 def test_flow_a_200_with_the_listener_in_the_tree_or_unknown_is_health(world, tmp_path, monkeypatch):
     answers = [{"listening": True, "ours": False, "known": False, "others": []}]
-    monkeypatch.setattr(engine.sockets, "port_held_by", lambda port, pids, proc_root=None: answers[0])
+    monkeypatch.setattr(sockets, "port_held_by", lambda port, pids, proc_root=None: answers[0])
     world.info = dict(INCIDENT, port=31111)
     res = launch(monkeypatch, base_params(tmp_path))
     assert res["failed"] is False, res.get("msg")
@@ -885,7 +889,7 @@ def test_flow_blockers_are_reported_together(world, tmp_path, monkeypatch):
 
 
 def test_flow_port_owner_blocks_start(world, tmp_path, monkeypatch):
-    monkeypatch.setattr(engine.sockets, "port_listeners", lambda port: (True, [FAKE_PID + 9]))
+    monkeypatch.setattr(sockets, "port_listeners", lambda port: (True, [FAKE_PID + 9]))
     world.cmdlines[FAKE_PID + 9] = ["nginx", "-g", "daemon off;"]
     res = launch(monkeypatch, base_params(tmp_path))
     assert res["failed"] is True and "already in use by pid %d (nginx" % (FAKE_PID + 9) in res["msg"]

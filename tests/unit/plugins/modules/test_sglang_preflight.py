@@ -40,6 +40,8 @@ from redeploy_testlib import NVIDIA_SMI, SIM_PY, node_context, run_module, start
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_preflight as pf
 
@@ -366,13 +368,13 @@ def test_foreign_port_owner_is_a_problem(node, run, answering):
     me = os.getpid()
     owner = res["plan"]["port_owner"]
     assert owner["pid"] == me and owner["managed"] is False and owner["adoptable"] is False
-    assert owner["comm"] == plan_mod.procfs.read_comm(me)
+    assert owner["comm"] == procfs.read_comm(me)
     assert ("sglang_server_args.port: port %d is held by PID %d (%s), which is not the managed server; stop it or choose "
             "another port" % (answering, me, owner["cmdline"])) in res["problems"]
 
 
 def test_a_port_listener_that_cannot_be_seen(node, run, monkeypatch):
-    monkeypatch.setattr(plan_mod.sockets, "port_listeners", lambda port: (True, []))
+    monkeypatch.setattr(sockets, "port_listeners", lambda port: (True, []))
     res = run(check=True)
     assert res["plan"]["port_owner"] == {"pid": None, "comm": None, "cmdline": None, "managed": False, "adoptable": False}
     assert ("sglang_server_args.port: port %d is held by a process this user cannot see, which is not the managed server; "

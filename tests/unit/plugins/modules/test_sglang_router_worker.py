@@ -1,4 +1,4 @@
-"""Unit tests for sglang_router_worker (logic in module_utils/router/workers.py): the
+"""Unit tests for sglang_router_worker (logic in module_utils/router/workers.py, worker_list.py, client.py, load.py): the
 pure helpers (URL normalisation, worker lists, API detection, the last-worker
 check, load parsing from /v1/loads, /metrics and /get_load) and the module
 flow in-process against small fake routers and a fake server, served from
@@ -28,6 +28,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
+from ansible_collections.gpufleet.sglang.plugins.module_utils.router import client
+from ansible_collections.gpufleet.sglang.plugins.module_utils.router import load
+from ansible_collections.gpufleet.sglang.plugins.module_utils.router import worker_list
 from ansible_collections.gpufleet.sglang.plugins.module_utils.router import workers as r
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_router_worker as module
 
@@ -54,19 +57,19 @@ WORKER_KEY = "wk-unit-9e22"
     ("http://h:1/?x=1#frag", "http://h:1"),
 ])
 def test_normalize_url(raw, expected):
-    assert r.normalize_url(raw) == expected
+    assert worker_list.normalize_url(raw) == expected
 
 
 @pytest.mark.parametrize("raw", ["", "   ", "http://:30000", "ftp://h:1", "http://h:notaport"])
 def test_normalize_url_rejects(raw):
     with pytest.raises(ValueError):
-        r.normalize_url(raw)
+        worker_list.normalize_url(raw)
 
 
 def test_same_url():
-    assert r.same_url("http://H:1/", "h:1")
-    assert not r.same_url("http://h:1", "http://h:2")
-    assert not r.same_url("", "http://h:1")
+    assert worker_list.same_url("http://H:1/", "h:1")
+    assert not worker_list.same_url("http://h:1", "http://h:2")
+    assert not worker_list.same_url("", "http://h:1")
 
 
 ROUTER_03 = {
@@ -98,7 +101,7 @@ ROUTER_1 = {
 
 
 def test_parse_workers_03():
-    workers = r.parse_workers(ROUTER_03, "0.3")
+    workers = worker_list.parse_workers(ROUTER_03, "0.3")
     assert workers[0] == {"id": "67004696-985a-4e18-854b-9abdcbaa518b", "url": "http://127.0.0.1:41001",
                           "status": "ready", "is_healthy": True, "load": 3, "model_id": "m", "worker_type": "regular"}
     assert [w["status"] for w in workers] == ["ready", "not_ready", "ready"]
@@ -106,7 +109,7 @@ def test_parse_workers_03():
 
 
 def test_parse_workers_1():
-    workers = r.parse_workers(ROUTER_1, "1")
+    workers = worker_list.parse_workers(ROUTER_1, "1")
     assert workers[0] == {"id": "01a2333f-442d-727f-ab0d-fb460bf1a5fb", "url": "http://127.0.0.1:50653",
                           "status": "ready", "is_healthy": True, "load": 2, "model_id": "/models/qwen",
                           "worker_type": "regular"}
@@ -115,13 +118,13 @@ def test_parse_workers_1():
 
 
 def test_parse_workers_01_shapes():
-    assert r.parse_workers({"urls": ["http://a:1", "http://b:2"]}, "0.1") == [
+    assert worker_list.parse_workers({"urls": ["http://a:1", "http://b:2"]}, "0.1") == [
         {"id": None, "url": "http://a:1", "status": None, "is_healthy": None, "load": None, "model_id": None,
          "worker_type": "regular"},
         {"id": None, "url": "http://b:2", "status": None, "is_healthy": None, "load": None, "model_id": None,
          "worker_type": "regular"}]
-    assert [w["url"] for w in r.parse_workers(["http://a:1"], "0.1")] == ["http://a:1"]
-    assert [w["url"] for w in r.parse_workers({"workers": [{"url": "http://a:1"}, 7]}, "0.1")] == ["http://a:1"]
+    assert [w["url"] for w in worker_list.parse_workers(["http://a:1"], "0.1")] == ["http://a:1"]
+    assert [w["url"] for w in worker_list.parse_workers({"workers": [{"url": "http://a:1"}, 7]}, "0.1")] == ["http://a:1"]
 
 
 @pytest.mark.parametrize("data, version", [
@@ -129,15 +132,15 @@ def test_parse_workers_01_shapes():
 ])
 def test_parse_workers_rejects(data, version):
     with pytest.raises(ValueError):
-        r.parse_workers(data, version)
+        worker_list.parse_workers(data, version)
 
 
 def test_find_workers_matches_every_spelling():
-    workers = r.parse_workers(ROUTER_03, "0.3")
-    found = r.find_workers(workers, "http://127.0.0.1:41002")
+    workers = worker_list.parse_workers(ROUTER_03, "0.3")
+    found = worker_list.find_workers(workers, "http://127.0.0.1:41002")
     assert [w["id"] for w in found] == ["0bb65be2-4fa6-4b72-9bb2-5d84d730380f", "b44bf9b1-2f11-4996-8a67-36b73a70e901"]
-    assert [w["id"] for w in r.find_workers(workers, "127.0.0.1:41001/")] == ["67004696-985a-4e18-854b-9abdcbaa518b"]
-    assert r.find_workers(workers, "http://127.0.0.1:41003") == []
+    assert [w["id"] for w in worker_list.find_workers(workers, "127.0.0.1:41001/")] == ["67004696-985a-4e18-854b-9abdcbaa518b"]
+    assert worker_list.find_workers(workers, "http://127.0.0.1:41003") == []
 
 
 def _w(url, status="ready", model="m", role="regular"):
@@ -149,37 +152,37 @@ def test_ready_peers_same_model_and_role_only():
     me = _w("http://a:1")
     workers = [me, _w("http://a:1/", "ready"), _w("http://b:1", "pending"), _w("http://c:1", "not_ready"),
                _w("http://d:1", "draining"), _w("http://e:1", model="other"), _w("http://f:1", role="decode")]
-    assert r.ready_peers(workers, "http://a:1", me, "1") == []
+    assert worker_list.ready_peers(workers, "http://a:1", me, "1") == []
     workers.append(_w("http://g:1"))
-    assert [w["url"] for w in r.ready_peers(workers, "http://a:1", me, "1")] == ["http://g:1"]
+    assert [w["url"] for w in worker_list.ready_peers(workers, "http://a:1", me, "1")] == ["http://g:1"]
     # 0.1 reports neither health nor model: every other listed URL counts.
     plain = [{"url": u, "status": None, "model_id": None, "worker_type": "regular"} for u in ("http://a:1", "http://b:1")]
-    assert [w["url"] for w in r.ready_peers(plain, "http://a:1", plain[0], "0.1")] == ["http://b:1"]
-    assert r.is_ready(plain[0], "0.1") and not r.is_ready(_w("x", "failed"), "1")
+    assert [w["url"] for w in worker_list.ready_peers(plain, "http://a:1", plain[0], "0.1")] == ["http://b:1"]
+    assert worker_list.is_ready(plain[0], "0.1") and not worker_list.is_ready(_w("x", "failed"), "1")
 
 
 def test_detect_api_version():
     one = {"workers": [{"url": "http://a:1", "status": "ready", "is_healthy": True}]}
     three = {"workers": [{"url": "http://a:1", "is_healthy": True}]}
     empty = {"workers": [], "total": 0}
-    assert r.detect_api_version((200, one)) == "1"
-    assert r.detect_api_version((200, three)) == "0.3"
-    assert r.detect_api_version((200, empty)) is None
-    assert r.detect_api_version((200, empty), loads_probe=(200, {"version": "smg-1.13.0", "loads": []})) == "1"
-    assert r.detect_api_version((200, empty), loads_probe=(200, {"workers": []})) == "0.3"
-    assert r.detect_api_version((200, empty), loads_probe=(404, "")) == "0.3"
-    assert r.detect_api_version((404, "Not Found")) is None
-    assert r.detect_api_version((404, ""), (200, {"urls": []})) == "0.1"
-    with pytest.raises(r.RouterError, match="api_key"):
-        r.detect_api_version((401, ""))
-    with pytest.raises(r.RouterError, match="api_key"):
-        r.detect_api_version((404, ""), (403, ""))
-    with pytest.raises(r.RouterError, match="list_workers"):
-        r.detect_api_version((404, ""), (500, "boom"))
-    with pytest.raises(r.RouterError, match="api_version"):
-        r.detect_api_version((200, {"something": "else"}))
-    with pytest.raises(r.RouterError, match="HTTP 502"):
-        r.detect_api_version((502, "bad gateway"))
+    assert client.detect_api_version((200, one)) == "1"
+    assert client.detect_api_version((200, three)) == "0.3"
+    assert client.detect_api_version((200, empty)) is None
+    assert client.detect_api_version((200, empty), loads_probe=(200, {"version": "smg-1.13.0", "loads": []})) == "1"
+    assert client.detect_api_version((200, empty), loads_probe=(200, {"workers": []})) == "0.3"
+    assert client.detect_api_version((200, empty), loads_probe=(404, "")) == "0.3"
+    assert client.detect_api_version((404, "Not Found")) is None
+    assert client.detect_api_version((404, ""), (200, {"urls": []})) == "0.1"
+    with pytest.raises(worker_list.RouterError, match="api_key"):
+        client.detect_api_version((401, ""))
+    with pytest.raises(worker_list.RouterError, match="api_key"):
+        client.detect_api_version((404, ""), (403, ""))
+    with pytest.raises(worker_list.RouterError, match="list_workers"):
+        client.detect_api_version((404, ""), (500, "boom"))
+    with pytest.raises(worker_list.RouterError, match="api_version"):
+        client.detect_api_version((200, {"something": "else"}))
+    with pytest.raises(worker_list.RouterError, match="HTTP 502"):
+        client.detect_api_version((502, "bad gateway"))
 
 
 V1_LOADS = {
@@ -194,15 +197,15 @@ V1_LOADS = {
 
 
 def test_load_from_v1_loads():
-    assert r.load_from_v1_loads(V1_LOADS) == 3 + 2 + 1 + 1 + 2 + 1
-    assert r.load_from_v1_loads({"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}) == 0
-    assert r.load_from_v1_loads([{"num_running_reqs": 2}]) == 2
-    assert r.load_from_v1_loads({"loads": []}) is None
-    assert r.load_from_v1_loads({"loads": [{"dp_rank": 0}]}) is None
-    assert r.load_from_v1_loads({"loads": [{"num_running_reqs": True}, "x"]}) is None
-    assert r.load_from_v1_loads("text") is None
-    assert r.load_from_v1_loads({"loads": [{"num_running_reqs": 2.0}]}) == 2
-    assert r.load_from_v1_loads({"loads": [{"num_running_reqs": float("inf")}]}) is None
+    assert load.load_from_v1_loads(V1_LOADS) == 3 + 2 + 1 + 1 + 2 + 1
+    assert load.load_from_v1_loads({"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}) == 0
+    assert load.load_from_v1_loads([{"num_running_reqs": 2}]) == 2
+    assert load.load_from_v1_loads({"loads": []}) is None
+    assert load.load_from_v1_loads({"loads": [{"dp_rank": 0}]}) is None
+    assert load.load_from_v1_loads({"loads": [{"num_running_reqs": True}, "x"]}) is None
+    assert load.load_from_v1_loads("text") is None
+    assert load.load_from_v1_loads({"loads": [{"num_running_reqs": 2.0}]}) == 2
+    assert load.load_from_v1_loads({"loads": [{"num_running_reqs": float("inf")}]}) is None
 
 
 METRICS = """\
@@ -221,27 +224,27 @@ sglang:num_running_reqs{model_name="m",dp_rank="1",tp_rank="0"} not-a-number
 
 
 def test_parse_metrics():
-    samples = r.parse_metrics(METRICS)
+    samples = load.parse_metrics(METRICS)
     assert ("sglang:num_used_tokens", {"model_name": "m", "tp_rank": "0"}, 999.0) in samples
     assert "garbage" not in [s[0] for s in samples]
 
 
 def test_load_from_metrics():
     # tp_rank 1 repeats tp_rank 0's requests and is skipped.
-    assert r.load_from_metrics(METRICS) == 4 + 2 + 1
-    assert r.load_from_metrics("sglang:num_running_reqs 0\nsglang:num_queue_reqs 0.0\n") == 0
-    assert r.load_from_metrics("sglang:num_running_reqs NaN\n") is None
-    assert r.load_from_metrics("sglang:num_running_reqs +Inf\n") is None
-    assert r.load_from_metrics("# nothing\nsglang:token_usage 0.5\n") is None
-    assert r.load_from_metrics("") is None
+    assert load.load_from_metrics(METRICS) == 4 + 2 + 1
+    assert load.load_from_metrics("sglang:num_running_reqs 0\nsglang:num_queue_reqs 0.0\n") == 0
+    assert load.load_from_metrics("sglang:num_running_reqs NaN\n") is None
+    assert load.load_from_metrics("sglang:num_running_reqs +Inf\n") is None
+    assert load.load_from_metrics("# nothing\nsglang:token_usage 0.5\n") is None
+    assert load.load_from_metrics("") is None
 
 
 def test_load_from_get_load():
-    assert r.load_from_get_load([{"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 10},
+    assert load.load_from_get_load([{"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 10},
                                  {"dp_rank": 1, "num_reqs": 1, "num_waiting_reqs": 0}]) == 6
-    assert r.load_from_get_load({"num_running_reqs": 1, "num_waiting_reqs": 1}) == 2
-    assert r.load_from_get_load([{"dp_rank": 0}]) is None
-    assert r.load_from_get_load("x") is None
+    assert load.load_from_get_load({"num_running_reqs": 1, "num_waiting_reqs": 1}) == 2
+    assert load.load_from_get_load([{"dp_rank": 0}]) is None
+    assert load.load_from_get_load("x") is None
 
 
 def test_request_timeouts_stay_inside_the_deadline_and_never_reach_zero():
@@ -251,8 +254,8 @@ def test_request_timeouts_stay_inside_the_deadline_and_never_reach_zero():
 
 
 def test_describe_truncates():
-    assert r.describe("x" * 1000).endswith("...")
-    assert r.describe({"a": 1}) == "{'a': 1}"
+    assert worker_list.describe("x" * 1000).endswith("...")
+    assert worker_list.describe({"a": 1}) == "{'a': 1}"
 
 
 def test_module_uses_the_shared_argument_spec():
@@ -909,13 +912,13 @@ def test_absent_detects_a_concurrent_removal(serve, monkeypatch):
     peer = router.add_existing("http://127.0.0.1:41001")
     router.add_existing("http://127.0.0.1:41002")
     base = serve(router)
-    real_remove = r.Router.remove
+    real_remove = client.Router.remove
 
     def racing_remove(self, entry):
         router.workers[peer]["status"] = "draining"   # another host removed its worker at the same time
         return real_remove(self, entry)
 
-    monkeypatch.setattr(r.Router, "remove", racing_remove)
+    monkeypatch.setattr(client.Router, "remove", racing_remove)
     res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent"}, expect_fail=True)
     assert "no other worker of the model 'm' (regular workers) is Ready any more" in res["msg"]
     assert res["changed"] is True and res["removed"][0]["url"] == "http://127.0.0.1:41002"
@@ -949,13 +952,13 @@ def test_absent_entry_vanishes_before_delete(serve, monkeypatch):
     router = FakeRouter()
     wid = router.add_existing("http://127.0.0.1:41002")
     base = serve(router)
-    real_remove = r.Router.remove
+    real_remove = client.Router.remove
 
     def racing_remove(self, entry):
         router.workers.pop(wid, None)   # someone else removed it first
         return real_remove(self, entry)
 
-    monkeypatch.setattr(r.Router, "remove", racing_remove)
+    monkeypatch.setattr(client.Router, "remove", racing_remove)
     res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent", "allow_last": True})
     assert res["changed"] is False and res["removed"] == []
 
@@ -989,13 +992,13 @@ def test_router_01_remove_not_found_is_no_change(serve, monkeypatch):
     router.add_existing("http://127.0.0.1:41001")
     wid = router.add_existing("http://127.0.0.1:41002")
     base = serve(router)
-    real_remove = r.Router.remove
+    real_remove = client.Router.remove
 
     def racing_remove(self, entry):
         router.workers.pop(wid, None)
         return real_remove(self, entry)
 
-    monkeypatch.setattr(r.Router, "remove", racing_remove)
+    monkeypatch.setattr(client.Router, "remove", racing_remove)
     res = run({"router_url": base, "url": "http://127.0.0.1:41002", "state": "absent"})
     assert res["changed"] is False
 
@@ -1247,7 +1250,7 @@ def test_real_router(real, api):
     # The only Ready worker of its model is not removed without allow_last; nothing changed.
     res = run(dict(base, url=a, state="absent"), expect_fail=True)
     assert "last Ready worker" in res["msg"] and "allow_last=true" in res["msg"]
-    assert [w["url"] for w in r.parse_workers(_get(router + "/workers")[1], api)] == [a]
+    assert [w["url"] for w in worker_list.parse_workers(_get(router + "/workers")[1], api)] == [a]
 
     # With a second Ready worker, the removal goes through while a's requests are in flight. They take about
     # 12 s (1100 tokens at the simulator's 90 tokens/s), well beyond smg's 5 s drain settle.
@@ -1256,7 +1259,7 @@ def test_real_router(real, api):
     threads = [threading.Thread(target=lambda: statuses.append(_generate(router, 1100))) for _thread in range(6)]
     for t in threads:
         t.start()
-    _wait(lambda: (r.load_from_v1_loads(_get(a + "/v1/loads")[1]) or 0) > 0, 20, "requests in flight on a")
+    _wait(lambda: (load.load_from_v1_loads(_get(a + "/v1/loads")[1]) or 0) > 0, 20, "requests in flight on a")
     res = run(dict(base, url=a, state="absent", drain=True, drain_timeout=60))
     for t in threads:
         t.join(timeout=60)
@@ -1277,7 +1280,7 @@ def test_real_router(real, api):
     assert run(dict(base, url=a))["changed"] is True
     real.kill(proc_a)
     stale = ("failed",) if api == "1" else ("not_ready",)
-    _wait(lambda: [w["status"] for w in r.parse_workers(_get(router + "/workers")[1], api) if w["url"] == a] == list(stale),
+    _wait(lambda: [w["status"] for w in worker_list.parse_workers(_get(router + "/workers")[1], api) if w["url"] == a] == list(stale),
           30, "the router to mark a %s" % stale[0])
     port = int(a.rsplit(":", 1)[1])
     real.server("a2", port=port)
@@ -1321,7 +1324,7 @@ def test_real_smg1_pd_mode(real):
     assert res["changed"] is True and res["ready_peers"] == 1 and res["settle_s"] >= 4.0
     assert res["load"] == 0 and res["load_source"] == "/v1/loads"
     assert statuses == [200] * 15, statuses
-    assert sorted(w["url"] for w in r.parse_workers(_get(router + "/workers")[1], "1")) == sorted([p2, d1])
+    assert sorted(w["url"] for w in worker_list.parse_workers(_get(router + "/workers")[1], "1")) == sorted([p2, d1])
     # And back, with its role and bootstrap port.
     res = run(dict(base, url=p1, worker_config={"worker_type": "prefill", "bootstrap_port": boot1}))
     assert res["changed"] is True and res["worker"]["worker_type"] == "prefill"
@@ -1364,5 +1367,5 @@ def test_real_smg1_pd_mode_sends_the_callers_key_not_the_workers(real):
                    worker_config={"worker_type": "prefill", "bootstrap_port": boot}), expect_fail=True)
     assert "the prefill server this redeploy starts has an API key" in res["msg"] and "Nothing was touched" in res["msg"]
     assert key not in json.dumps(res)
-    listed = [w for w in r.parse_workers(_get(router + "/workers")[1], "1") if r.same_url(w["url"], p1)]
+    listed = [w for w in worker_list.parse_workers(_get(router + "/workers")[1], "1") if worker_list.same_url(w["url"], p1)]
     assert [w["status"] for w in listed] == ["ready"], listed
