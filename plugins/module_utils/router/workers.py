@@ -287,6 +287,17 @@ class RouterWorker(object):
         state = {"last": "not listed yet", "gone_since": None, "workers": []}
 
         def member():
+            try:
+                return listed()
+            except RouterError:
+                if not deadline.expired():
+                    raise
+                # A read that the end of the budget cut short (its timeout is the time left): the wait is over, and
+                # the message says what the router last showed, not that it cannot be reached.
+                state["last"] += "; the last read of the router was cut short by the end of the wait"
+                return None
+
+        def listed():
             workers = state["workers"] = router.list(timeout=_request_timeout(deadline, router.request_timeout))
             found = find_workers(workers, self.url)
             if found:

@@ -301,8 +301,9 @@ class FakeRouter(object):
     """State of a fake router; ``api`` is "1" (smg 1.x), "0.3" or "0.1"."""
 
     def __init__(self, api="0.3", api_key=None, add_delay=0.0, healthy_after=0.0, fail_add=None, ignore_delete=False,
-                 settle=0.0, model="m", list_after=0.0):
+                 settle=0.0, model="m", list_after=0.0, stall_list_after_add=0.0):
         self.api = api
+        self.stall_list_after_add = stall_list_after_add  # seconds every GET /workers hangs once an add came in
         self.list_after = list_after        # seconds between a finished AddWorker job and the worker's listing
         self.api_key = api_key
         self.add_delay = add_delay          # seconds before a queued add shows up
@@ -375,6 +376,8 @@ class FakeRouter(object):
                 if not self._auth():
                     return
                 path = urlsplit(self.path).path
+                if path == "/workers" and router.stall_list_after_add and router.jobs:
+                    time.sleep(router.stall_list_after_add)
                 with router.lock:
                     router._promote()
                     if router.api in ("1", "0.3"):
@@ -698,6 +701,16 @@ def test_present_waits_for_a_pending_member(serve):
     res = run({"router_url": serve(router), "url": url})
     assert res["changed"] is False and res["worker"]["status"] == "ready"
     assert not _calls(router, "POST")
+
+
+def test_present_a_listing_cut_short_by_the_end_of_the_wait_says_what_it_last_saw(serve):
+    # The last read's timeout is the time left; when the budget ends during it, the worker is reported not Ready with
+    # what the router last showed, not as a router that cannot be reached.
+    router = FakeRouter(api="1", add_delay=60, stall_list_after_add=10)
+    res = run({"router_url": serve(router), "url": "http://127.0.0.1:41009", "timeout": 2, "wait_server": False},
+              expect_fail=True)
+    assert "is not Ready in the router" in res["msg"] and "cut short by the end of the wait" in res["msg"], res["msg"]
+    assert "cannot reach the router" not in res["msg"]
 
 
 def test_present_failed_job_fails_with_router_message(serve):
