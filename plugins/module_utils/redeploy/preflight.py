@@ -36,6 +36,8 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import port
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import node_or_mirror
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import serving
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import checkpoint as ckpt_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import PLAIN
 
 
 WEIGHTS = "weights"
@@ -78,6 +80,7 @@ class Preflight(object):
     def __init__(self, module):
         self.module = module
         self.p = module.params
+        self.names = names_mod.Names.of_module(module)
         self.check_mode = module.check_mode
         self.problems = []
         self.notes = []
@@ -114,7 +117,7 @@ class Preflight(object):
             backend.close()
         driver = snap.get("driver") or {}
         if not driver.get("ok", False):
-            self.problem(gpu_target.driver_failure_text(driver, "nvidia-smi (sglang_server_nvidia_smi)")[:600])
+            self.problem(gpu_target.driver_failure_text(driver, "nvidia-smi (%s)" % self.names.of("nvidia_smi"))[:600])
             return snap, []
         selected, errors = gpu_query.select_gpus(snap, p["gpus"])
         answering = [g for g in snap.get("gpus", []) if not g.get("lost")]
@@ -122,7 +125,7 @@ class Preflight(object):
             # GPUs worked out from the layout that the node does not have: serving.check_layout says so with the layout.
             self.short_of_gpus = len(snap.get("gpus", []))
         elif errors:
-            self.problem("sglang_server_cuda_visible_devices / tp_size: %s; the node has %d GPU(s)" % ("; ".join(errors), len(answering)))
+            self.problem("%s / tp_size: %s; the node has %d GPU(s)" % (self.names.of("gpus"), "; ".join(errors), len(answering)))
         for gpu in selected:
             if gpu.get("lost"):
                 self.problem("%s is lost (%s); the server cannot use it" % (gpu_query.gpu_label(gpu), gpu.get("lost_reason")))
@@ -152,16 +155,16 @@ class Preflight(object):
         p = self.p
         cache_dir = p["cache_dir"] or ""
         if cache_dir and not os.path.isabs(cache_dir):
-            self.problem("sglang_server_cache_dir must be an absolute path, got %r; set a path such as %s/cache, or '' to "
-                         "leave SGLang's cache defaults" % (cache_dir, p["state_dir"]))
+            self.problem("%s must be an absolute path, got %r; set a path such as %s/cache, or '' to "
+                         "leave SGLang's cache defaults" % (self.names.of("cache_dir"), cache_dir, p["state_dir"]))
             cache_dir = ""
         min_free = p["cache_min_free_gb"]
         if min_free is None or min_free < 0:
-            self.problem("sglang_server_cache_min_free_gb must be a number of GiB >= 0, got %r; set e.g. 20, or 0 to turn the "
-                         "free-space check off" % (min_free,))
+            self.problem("%s must be a number of GiB >= 0, got %r; set e.g. 20, or 0 to turn the "
+                         "free-space check off" % (self.names.of("cache_min_free_gb"), min_free))
             min_free = 0
         operator_env = dict((str(k), v) for k, v in (p["env"] or {}).items())
-        info, problem = caches_mod.describe(cache_dir, min_free, operator_env)
+        info, problem = caches_mod.describe(cache_dir, min_free, operator_env, self.names)
         if problem:
             self.problem(problem + " (nothing was touched)")
         self.cache_info = info
@@ -173,26 +176,27 @@ class Preflight(object):
         model_path = args.get("model_path")
         arch = draft_arch = None
         if not model_path:
-            self.problem("sglang_server_args.model_path: not set; give the model directory on the node")
+            self.problem("%s: not set; give the model directory on the node" % self.names.of("args", "model_path"))
         else:
             arch, err = pf.read_arch(str(model_path))
             if err:
-                self.problem("sglang_server_args.model_path: %s %s on this node; copy the model there or fix the path" % (model_path, err))
+                self.problem("%s: %s %s on this node; copy the model there or fix the path" % (
+                    self.names.of("args", "model_path"), model_path, err))
             else:
                 self.check_checkpoint("model_path", str(model_path), args)
         draft = args.get("speculative_draft_model_path")
         if draft:
             draft_arch, err = pf.read_arch(str(draft))
             if err:
-                self.problem("sglang_server_args.speculative_draft_model_path: %s %s on this node; copy the draft model there "
-                             "or fix the path" % (draft, err))
+                self.problem("%s: %s %s on this node; copy the draft model there "
+                             "or fix the path" % (self.names.of("args", "speculative_draft_model_path"), draft, err))
             elif str(draft) != str(model_path):
                 self.check_checkpoint("speculative_draft_model_path", str(draft), args, draft=True)
         self.node.update(arch=arch, draft_arch=draft_arch)
         env = dict((str(k), str(v)) for k, v in (p["env"] or {}).items())
         resolved = node_or_mirror.resolve_for_node(
             args, version=p["version"], arch=p["arch"] or arch, policy=p["spec_policy"], draft_arch=draft_arch, env=env,
-            gpu=gpu, source=p["resolution"], python=p["python"], timeout=p["resolution_timeout"])
+            gpu=gpu, source=p["resolution"], python=p["python"], timeout=p["resolution_timeout"], names=self.names)
         for error in resolved.get("errors") or []:
             self.problem(error)
         return resolved
@@ -223,8 +227,8 @@ class Preflight(object):
         load_format = str(args.get("load_format") or "auto")
         checks = self.node.setdefault("checkpoints", {})
         if load_format not in CHECKED_LOAD_FORMATS:
-            self.notes.append("sglang_server_args.%s: load_format %s, the checkpoint's weight files were not checked (only "
-                              "the safetensors formats %s are)" % (field, load_format, ", ".join(CHECKED_LOAD_FORMATS)))
+            self.notes.append("%s: load_format %s, the checkpoint's weight files were not checked (only "
+                              "the safetensors formats %s are)" % (self.names.of("args", field), load_format, ", ".join(CHECKED_LOAD_FORMATS)))
             checks[field] = {"path": path, "checked": False}
             return
         ids = self.service_ids()
@@ -236,21 +240,21 @@ class Preflight(object):
                                    skip_tokenizer_init=skip, deadline=time.monotonic() + CHECKPOINT_SECONDS)
         except ckpt_mod.CheckpointError as exc:
             checks[field] = {"path": path, "checked": True, "ok": False, "file": exc.path}
-            self.problem("sglang_server_args.%s: the checkpoint %s cannot be served: %s (SGLang would fail on it only while "
-                         "loading, after the running server is gone; nothing was touched)" % (field, path, exc))
+            self.problem("%s: the checkpoint %s cannot be served: %s (SGLang would fail on it only while "
+                         "loading, after the running server is gone; nothing was touched)" % (self.names.of("args", field), path, exc))
             return
         checks[field] = dict(info, path=path, checked=True, ok=True)
         if not draft and tokenizer and str(tokenizer) != path and os.path.isdir(str(tokenizer)):
             problem = ckpt_mod.tokenizer_problem(str(tokenizer), bool(args.get("skip_tokenizer_init")))
             if problem:
-                self.problem("sglang_server_args.tokenizer_path: %s; copy the tokenizer files there or fix the path (SGLang "
-                             "would fail on it only while loading; nothing was touched)" % problem)
+                self.problem("%s: %s; copy the tokenizer files there or fix the path (SGLang "
+                             "would fail on it only while loading; nothing was touched)" % (self.names.of("args", "tokenizer_path"), problem))
         if not info["complete"]:
-            self.notes.append("sglang_server_args.%s: the checkpoint %s has more shards than %d s allow to check; the rest "
-                              "was not checked" % (field, path, CHECKPOINT_SECONDS))
+            self.notes.append("%s: the checkpoint %s has more shards than %d s allow to check; the rest "
+                              "was not checked" % (self.names.of("args", field), path, CHECKPOINT_SECONDS))
         if ids is None:
-            self.notes.append("sglang_server_args.%s: the server's user or group is unknown on this node, so read access "
-                              "to %s was not checked" % (field, path))
+            self.notes.append("%s: the server's user or group is unknown on this node, so read access "
+                              "to %s was not checked" % (self.names.of("args", field), path))
 
     # ------------------------------------------------------------------
     def inspect_server(self, launcher, selected, table=None):
@@ -296,8 +300,8 @@ class Preflight(object):
                 else:
                     who = ("PID %s (%s)" % (owner, port_owner["cmdline"] or port_owner["comm"])) if owner else \
                         "a process this user cannot see"
-                    self.problem("sglang_server_args.port: port %d is held by %s, which is not the managed server; stop it "
-                                 "or choose another port" % (launcher.port, who))
+                    self.problem("%s: port %d is held by %s, which is not the managed server; stop it "
+                                 "or choose another port" % (self.names.of("args", "port"), launcher.port, who))
         holder_gpus = {}
         for gpu in selected:
             for proc in gpu.get("processes", []):
@@ -325,7 +329,7 @@ class Preflight(object):
                                           max_used_mib=(p["settings"] or {}).get("gpu_verify_max_used_mib") or 16)
         watchers, suspects = pf.find_watchers(table, listed, dict((pid, paths) for pid, paths in users.items()
                                                                   if pid in holder_gpus), accounting, index_of)
-        adopt_res, problems = pf.compile_patterns(p["adopt_patterns"])
+        adopt_res, problems = pf.compile_patterns(p["adopt_patterns"], self.names)
         for text in problems:
             self.problem(text)
         exclude = set(gpu_query.GPU_SYSTEM_DAEMONS)
@@ -335,7 +339,7 @@ class Preflight(object):
                 holder_gpus.pop(pid)
         holders = pf.classify_holders(table, holder_gpus, managed_pids, launcher.unit if launcher.manager == "systemd" else None,
                                       recorded, list(p["adopt_pids"] or []), adopt_res, adopt_from_port, exclude,
-                                      watchers=watchers, suspects=suspects)
+                                      watchers=watchers, suspects=suspects, names=self.names)
         for h in holders:
             box = boxed(h["pid"]) if h["class"] != "gone" else None
             if box:
@@ -346,9 +350,10 @@ class Preflight(object):
         foreign = [h for h in holders if h["class"] == "foreign" and not h.get("container")]
         if foreign and not p["allow_foreign"]:
             self.problem("the target GPUs are held by %d process(es) that are not this server's: %s. Another team's server? "
-                         "Move this server to other GPUs (sglang_server_cuda_visible_devices), name it in sglang_adopt_pids or "
-                         "sglang_adopt_patterns if this deploy replaces it, or set sglang_teardown_foreign: true to stop it"
-                         % (len(foreign), "; ".join(pf.describe_foreign(h) for h in foreign)))
+                         "Move this server to other GPUs (%s), name it in %s or "
+                         "%s if this deploy replaces it, or set %s: true to stop it"
+                         % (len(foreign), "; ".join(pf.describe_foreign(h) for h in foreign), self.names.of("gpus"),
+                            self.names.of("adopt_pids"), self.names.of("adopt_patterns"), self.names.of("allow_foreign")))
         running = None
         adapters = []
         if cur["pid"]:
@@ -438,20 +443,23 @@ class Preflight(object):
             if not carrying:
                 continue
             if name == "api_key":
-                self.problem("sglang_server_args.api_key: put the key in sglang_server_api_key instead (a no_log variable "
-                             "that goes into the 0600 --config file); args are shown in plans and reports")
+                self.problem("%s: put the key in %s instead (a no_log variable "
+                             "that goes into the 0600 --config file); args are shown in plans and reports"
+                             % (self.names.of("args", "api_key"), self.names.of("api_key")))
             elif name == "admin_api_key":
-                self.problem("sglang_server_args.admin_api_key: this collection runs the server with sglang_server_api_key "
+                self.problem("%s: this collection runs the server with %s "
                              "only (args are shown in plans and reports, and its own calls carry that key); remove "
-                             "admin_api_key")
+                             "admin_api_key" % (self.names.of("args", "admin_api_key"), self.names.of("api_key")))
             elif name == "hf_token":
-                self.problem("sglang_server_args.hf_token: SGLang takes no such flag; it reads the Hugging Face token from "
-                             "the environment: set HF_TOKEN in sglang_server_env (a secret-named variable goes to a 0600 file, "
-                             "never into records) and remove hf_token from the args")
+                self.problem("%s: SGLang takes no such flag; it reads the Hugging Face token from "
+                             "the environment: set HF_TOKEN in %s (a secret-named variable goes to a 0600 file, "
+                             "never into records) and remove hf_token from the args" % (self.names.of("args", "hf_token"),
+                                                                                          self.names.of("env")))
             elif not named:
-                self.problem("sglang_server_args.%s: holds a URL with credentials (user:password@ or a token parameter), "
+                self.problem("%s: holds a URL with credentials (user:password@ or a token parameter), "
                              "which would be on the server's command line (ps) and in its records; use a URL without them "
-                             "and give the credentials through the environment (sglang_server_env) or a file" % key)
+                             "and give the credentials through the environment (%s) or a file" % (self.names.of("args", key),
+                                                                                                 self.names.of("env")))
             else:
                 passed.append(str(key))
         return passed
@@ -473,9 +481,9 @@ class Preflight(object):
         running = found.get("running") or {}
         if decision["action"] != identity.RESTART or mode == "restart":
             if mode == "weights" and decision["action"] != identity.NONE:
-                self.problem("sglang_redeploy_mode: weights was asked for, but the plan is %s (%s); an in-place weight "
+                self.problem("%s: weights was asked for, but the plan is %s (%s); an in-place weight "
                              "update needs a healthy managed server that runs another checkpoint of the same config"
-                             % (decision["action"], decision["why"]))
+                             % (self.names.of("redeploy_mode"), decision["action"], decision["why"]))
             return decision, None
         record = self.running_record(running.get("fingerprint")) if running.get("fingerprint") else None
         if record is None:
@@ -495,8 +503,8 @@ class Preflight(object):
                 wplan = dict(wplan, mode="restart", why="more than the checkpoint changes (%s)" % ", ".join(others),
                              reasons=list(wplan.get("reasons") or []) + ["changes beyond the checkpoint: %s" % ", ".join(others)])
         if mode == "weights" and wplan["mode"] != "weights":
-            self.problem("sglang_redeploy_mode: weights was asked for, but an in-place update cannot reach the intended "
-                         "config: %s" % ("; ".join(wplan.get("reasons") or []) or wplan["why"]))
+            self.problem("%s: weights was asked for, but an in-place update cannot reach the intended "
+                         "config: %s" % (self.names.of("redeploy_mode"), "; ".join(wplan.get("reasons") or []) or wplan["why"]))
         if wplan["mode"] == "weights":
             decision = dict(decision, action=WEIGHTS, why="only the weights change: %s" % wplan["why"])
         return decision, wplan
@@ -552,8 +560,8 @@ class Preflight(object):
             out.append(entry)
             if strangers and item["port"] != launcher.port:
                 self.problem("port %d (%s) is held by %s, which this deploy does not replace; the new server would fail "
-                             "with \"Port is already in use\". Stop it, or change the port in sglang_server_args"
-                             % (item["port"], item["what"], sockets.describe(status)))
+                             "with \"Port is already in use\". Stop it, or change the port in %s"
+                             % (item["port"], item["what"], sockets.describe(status), self.names.of("args")))
         return out
 
     def known_good(self, manager):
@@ -586,7 +594,7 @@ class Preflight(object):
         p = self.p
         for text in settings.check_settings(p["settings"]):
             self.problem(text)
-        problem = settings.check_text_secret("sglang_server_api_key", p["api_key"])
+        problem = settings.check_text_secret(self.names.of("api_key"), p["api_key"])
         if problem:
             self.problem(problem)
         if p["api_key"]:
@@ -602,7 +610,7 @@ class Preflight(object):
         if not 0 <= mode <= 0o7777:
             self.problem("directory_mode must be an octal string such as '0750', got %r" % p["directory_mode"])
         # The args as given: types and ranges SGLang's own resolution lets through (tp_size -1, mem_fraction_static 1.5).
-        value_problems = serving.check_values(p["args"])
+        value_problems = serving.check_values(p["args"], self.names)
         for text in value_problems:
             self.problem(text)
         if not p["gpus"]:
@@ -614,8 +622,8 @@ class Preflight(object):
         if manager == "auto":
             manager = "systemd" if is_systemd else "process"
         elif manager == "systemd" and not is_systemd:
-            self.problem("sglang_server_manager: systemd is not running on this node (PID 1 is not systemd); set "
-                         "sglang_server_manager: process or auto")
+            self.problem("%s: systemd is not running on this node (PID 1 is not systemd); set "
+                         "%s: process or auto" % (self.names.of("manager"), self.names.of("manager")))
         self.manager = manager
         snap, selected = self.snapshot()
         gpus = [gpu_query.summarize(g) for g in selected]
@@ -625,7 +633,7 @@ class Preflight(object):
                          all_gpus=[gpu_query.summarize(g) for g in (snap or {}).get("gpus", [])])
         resolved = self.resolve(gpu)
         args = resolved.get("args") or dict(p["args"] or {})
-        layout = settings.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"])
+        layout = settings.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"], self.names)
         if layout:
             self.problem(layout)
         if not value_problems and not resolved.get("errors"):
@@ -633,12 +641,13 @@ class Preflight(object):
             # A list that does not fit the layout is said above; the node's GPU count only when it is the reason.
             for text in serving.check_layout(args, [] if layout else p["gpus"], node_gpu_count=self.short_of_gpus,
                                              nnodes=p["nnodes"], gpu_memory_mib=(gpu or {}).get("memory_mib"),
-                                             arch_known=bool(p["arch"] or self.node.get("arch"))):
+                                             arch_known=bool(p["arch"] or self.node.get("arch")), names=self.names):
                 self.problem(text)
         if args.get("delete_ckpt_after_loading") and p["rollback"]:
-            self.problem("sglang_server_args.delete_ckpt_after_loading: SGLang deletes the checkpoint under %s after warmup, so "
+            self.problem("%s: SGLang deletes the checkpoint under %s after warmup, so "
                          "a later rollback could not load the known-good config from it; drop delete_ckpt_after_loading, or set "
-                         "sglang_server_rollback: false to accept redeploys without rollback" % args.get("model_path"))
+                         "%s: false to accept redeploys without rollback" % (self.names.of("args", "delete_ckpt_after_loading"),
+                                                                              args.get("model_path"), self.names.of("rollback")))
         self.secret_arg_names = self.check_arg_secrets(p["args"] or {})
         self.check_caches()
         launcher = launch_mod.Launcher(self.module, self.launch_params(args, manager), check_mode=True)
@@ -654,8 +663,7 @@ class Preflight(object):
             why = pf.probe_writable(path)
             probes.append({"what": what, "path": path, "ok": why is None, "why": why})
             if why:
-                var = {"config": "sglang_server_config_dir", "state": "sglang_server_state_dir", "log": "sglang_server_log_file",
-                       "unit": "sglang_server_unit_dir"}[what]
+                var = self.names.of({"config": "config_dir", "state": "state_dir", "log": "log_file", "unit": "unit_dir"}[what])
                 self.problem("%s: the %s directory %s is not usable: %s; fix it before the redeploy (nothing was touched)"
                              % (var, what, path, why))
         wanted = list(p["directories"]) + [d for d in self.cache_info["dirs"] if d not in p["directories"]]
@@ -664,7 +672,7 @@ class Preflight(object):
         found = self.inspect_server(launcher, selected)
         entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
         kg = self.known_good(manager)
-        decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+        decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"], self.names)
         decision, weights_plan = self.choose_mode(decision, found, launcher)
         lease_info = self.lease_state()
         self.weights_plan = weights_plan
@@ -725,7 +733,7 @@ class Preflight(object):
             "plan": plan, "resolved": resolved, "node": self.node, "lease": lease_info, "problems": self.problems,
             "notes": self.notes, "elapsed": round(time.monotonic() - self.began, 3),
         }
-        result["lines"] = plan_lines(p["label"] or p["name"], plan, resolved, lease_info)
+        result["lines"] = plan_lines(p["label"] or p["name"], plan, resolved, lease_info, self.names)
         if self.check_mode and getattr(self.module, "_diff", False):
             # --check --diff: what a real run would change. A real run shows it once, on sglang_replace (the task
             # that changes the node), so the preflight returns it in check mode only.
@@ -754,7 +762,7 @@ class Preflight(object):
             found = self.inspect_server(launcher, self.snapshot()[1])
             entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
             kg = self.known_good(manager)
-            decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+            decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"], self.names)
             decision, self.weights_plan = self.choose_mode(decision, found, launcher)
         if lease_info.get("acquired") and decision["action"] != identity.NONE:
             running = found["running"] or {}
@@ -820,7 +828,7 @@ def _fmt(value):
     return str(value)
 
 
-def plan_lines(host, plan, resolved, lease_info):
+def plan_lines(host, plan, resolved, lease_info, names=PLAIN):
     """The plan in readable lines, for the play's output."""
     lines = ["%s: %s (%s); GPUs %s; manager %s; args resolved by the %s%s; rollback %s" % (
         host, plan["action"], plan["why"], ",".join(str(g) for g in plan["target_gpus"]), plan["manager"],
@@ -857,5 +865,5 @@ def plan_lines(host, plan, resolved, lease_info):
     for diff in plan.get("differences") or []:
         lines.append("changes " + identity.format_difference(diff))
     if plan.get("cache") is not None:
-        lines.append(caches_mod.summary_line(plan["cache"]))
+        lines.append(caches_mod.summary_line(plan["cache"], names))
     return lines

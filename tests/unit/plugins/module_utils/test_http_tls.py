@@ -104,7 +104,7 @@ def test_configure_tls_is_the_default_of_later_requests(serve, certs):
 
 
 @pytest.mark.parametrize("name, ca, words", [
-    ("server", "other_ca", ["does not chain to a trusted CA", "set tls_ca_path", "sglang_server_tls_ca_path",
+    ("server", "other_ca", ["does not chain to a trusted CA", "set tls_ca_path to the CA bundle",
                             "CA bundle that signed the server's certificate"]),
     ("expired", "ca", ["certificate has expired", "renew the certificate"]),
     ("wrong_host", "ca", ["not valid for 127.0.0.1", "subjectAltName IP:127.0.0.1", "set the server's host arg"]),
