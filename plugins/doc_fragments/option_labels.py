@@ -17,8 +17,8 @@ options:
         option's name (V(args.tp_size), V(cache_dir), V(adopt_pids)) unless this maps the option to another name.
       - The roles pass their variable names here (for example C(args) to C(sglang_server_args)), so a message read
         by an operator names the variable to fix (C(sglang_server_args.tp_size)).
-      - Keys are option names (of this module, or of a role the module serves: the message says which); values the
-        labels. An option not listed keeps its own name.
+      - Keys are option names of this module (or names the module's messages use for a role's input, such as
+        C(host_args)), values the labels. An option not listed keeps its own name.
     type: dict
     default: {}
 """

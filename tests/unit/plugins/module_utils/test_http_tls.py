@@ -117,6 +117,23 @@ def test_refused_certificates_name_the_fix(serve, certs, name, ca, words):
         assert word in str(info.value), (word, str(info.value))
 
 
+def test_a_refused_certificate_names_the_callers_label_for_the_option(serve, certs):
+    """configure_tls keeps the module's option_labels: the fix names what the caller calls tls_ca_path."""
+    url = serve("server")
+    try:
+        client.configure_tls(client.tls_settings({"tls_ca_path": certs["other_ca"],
+                                                  "option_labels": {"tls_ca_path": "sglang_server_tls_ca_path"}}))
+        with pytest.raises(client.TLSError) as info:
+            client.request("GET", url + "/x", timeout=5)
+        assert "set sglang_server_tls_ca_path to the CA bundle" in str(info.value), str(info.value)
+        client.configure_tls(client.tls_settings({"tls_ca_path": certs["other_ca"]}))
+        with pytest.raises(client.TLSError) as info:
+            client.request("GET", url + "/x", timeout=5)
+        assert "set tls_ca_path to the CA bundle" in str(info.value) and "sglang_" not in str(info.value)
+    finally:
+        client.configure_tls(None)
+
+
 def test_client_certificate_for_mutual_tls(serve, certs):
     url = serve("server", client_ca=certs["ca"])
     status, _h, data = _get(url, tls_ca_path=certs["ca"], tls_client_cert=certs["client_cert"],

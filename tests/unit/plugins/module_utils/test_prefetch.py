@@ -268,6 +268,7 @@ def test_module_without_budget_reads_nothing(disk_dir, monkeypatch, no_priority)
 
 @pytest.mark.parametrize("args, check, why", [
     ({"mode": "off"}, False, "mode is off"),
+    ({"mode": "off", "option_labels": {"mode": "sglang_server_prefetch"}}, False, "sglang_server_prefetch is off"),
     ({}, True, "check mode"),
 ])
 def test_module_off_and_check_mode_read_nothing(disk_dir, monkeypatch, args, check, why):
@@ -278,9 +279,16 @@ def test_module_off_and_check_mode_read_nothing(disk_dir, monkeypatch, args, che
     assert res["prefetch"]["skipped_why"] == why and res["prefetch"]["line"] == "prefetch: skipped, " + why
 
 
+ROLE_LABELS = {"mode": "sglang_server_prefetch", "timeout": "sglang_server_prefetch_timeout",
+               "reserve_percent": "sglang_server_prefetch_reserve_percent"}
+
+
 @pytest.mark.parametrize("args, field", [
     ({"timeout": -1}, "timeout: -1.0 is negative"),
     ({"reserve_percent": 150}, "reserve_percent: 150.0 is not between 0 and 100"),
+    # With the role's option_labels, the role's variables.
+    ({"timeout": -1, "option_labels": ROLE_LABELS}, "sglang_server_prefetch_timeout: -1.0 is negative"),
+    ({"reserve_percent": 150, "option_labels": ROLE_LABELS}, "sglang_server_prefetch_reserve_percent: 150.0 is not between"),
 ])
 def test_module_refuses_bad_settings(disk_dir, monkeypatch, args, field):
     monkeypatch.setattr(pf, "prefetch", lambda *a, **k: pytest.fail("prefetch ran"))

@@ -32,12 +32,11 @@ import threading
 import time
 
 import pytest
-import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpusim.checkpoint import write_checkpoint  # noqa: E402 - the shared writer
-from redeploy_testlib import NVIDIA_SMI, SIM_PY, node_context, run_module, starttime  # noqa: E402 - after sys.path
+from redeploy_testlib import NVIDIA_SMI, ROLE_LABELS, SIM_PY, node_context, run_module, starttime  # noqa: E402 - after sys.path
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
@@ -45,11 +44,6 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import pr
 from ansible_collections.gpufleet.sglang.plugins.modules import sglang_preflight as pf
 
 SECRET = "s3cret-preflight-91ab"
-
-
-# The labels the sglang_server role gives its modules (roles/sglang_server/vars/main.yml).
-with open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "sglang_server", "vars", "main.yml")) as _vars:
-    ROLE_LABELS = yaml.safe_load(_vars)["_sglang_server_option_labels"]
 
 
 @pytest.fixture
