@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Issue 23 point 4: the engines' messages name module options (through common/names.py), not role variables.
 
+Scope: the message texts of plugins/module_utils and of plugins/modules/sglang_prefetch.py (and their imports). The
+rest of the change (module_utils/common/names.py, the option_labels option and doc fragment of the modules, the
+roles' labels, the tests) is ordinary code that merges as it is.
+
 Re-appliable: every rewrite is an exact (old -> new) text replacement, looked up in every file under plugins/ (so a
 function moved to another file is still found); an old text that is gone and whose new text is there counts as
 done. Run from the repository root: python3 scripts/option_labels_rewrite.py [--check]. Exit 1 when a rewrite
