@@ -127,7 +127,8 @@ def test_tls_server_gates_pass_over_https_and_the_key_password_stays_secret(laun
 
 
 @pytest.mark.parametrize("case, cert, ca, words", [
-    ("bad CA", "server", "other_ca", ["does not chain to a trusted CA", "sglang_server_tls_ca_path",
+    # sglang_launch used alone: the fix names its option (the roles' labels: test_redeploy_playbook_over_https).
+    ("bad CA", "server", "other_ca", ["does not chain to a trusted CA", "set tls_ca_path to the CA bundle",
                                       "CA bundle that signed the server's certificate"]),
     ("expired", "expired", "ca", ["expired", "renew the certificate"]),
     ("wrong host", "wrong_host", "ca", ["not valid for 127.0.0.1", "subjectAltName IP:127.0.0.1",
