@@ -139,6 +139,16 @@ REWRITES = [
     ("    def __init__(self, module):\n        self.module = module\n        p = module.params\n        self.p = p\n",
      "    def __init__(self, module):\n        self.module = module\n        self.names = names_mod.Names.of_module(module)\n"
      "        p = module.params\n        self.p = p\n"),
+    # --- redeploy/textfile.py: the sglang_textfile module's path option (or its label).
+    ("def write(path, content, mode=0o644):", "def write(path, content, mode=0o644, label=\"path\"):"),
+    ("        raise TextfileError(\"sglang_textfile_path %s\" % problem)\n    directory = os.path.dirname(path)",
+     "        raise TextfileError(\"%s %s\" % (label, problem))\n    directory = os.path.dirname(path)"),
+    ("        raise TextfileError(\"the directory %s of sglang_textfile_path does not exist: create it, or point \"\n"
+     "                            \"sglang_textfile_path into node_exporter's --collector.textfile.directory\" % directory)",
+     "        raise TextfileError(\"the directory %s of %s does not exist: create it, or point \"\n"
+     "                            \"%s into node_exporter's --collector.textfile.directory\" % (directory, label, label))"),
+    ("        raise TextfileError(\"cannot write sglang_textfile_path %s: %s\" % (path, exc))",
+     "        raise TextfileError(\"cannot write %s %s: %s\" % (label, path, exc))"),
     # --- plugins/modules/sglang_prefetch.py: the module's own options.
     ("            module.fail_json(msg=\"sglang_server_prefetch_%s: %s is negative; give 0 or more\" % (name, p[name]))",
      "            module.fail_json(msg=\"%s: %s is negative; give 0 or more\" % (names.of(name), p[name]))"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 class ModuleDocFragment(object):
     # sglang_launch, sglang_preflight, sglang_replace, sglang_promote, sglang_smoke, sglang_weights,
-    # sglang_router_worker, sglang_prefetch.
+    # sglang_router_worker, sglang_prefetch, sglang_textfile.
     DOCUMENTATION = r"""
 options:
   option_labels:

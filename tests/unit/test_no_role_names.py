@@ -39,8 +39,6 @@ KNOWN = {
     ("plugins/module_utils/redeploy/lease.py", "sglang_lease_break"),
     ("plugins/module_utils/redeploy/lease.py", "sglang_lock_timeout"),
     ("plugins/module_utils/redeploy/preflight.py", "sglang_lock_dir"),
-    ("plugins/module_utils/redeploy/textfile.py", "sglang_textfile_path"),
-    ("plugins/modules/sglang_textfile.py", "sglang_textfile_path"),
 }
 
 
