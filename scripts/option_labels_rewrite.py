@@ -297,6 +297,8 @@ PREFLIGHT = [
     ("                var = {\"config\": \"sglang_server_config_dir\", \"state\": \"sglang_server_state_dir\", \"log\": \"sglang_server_log_file\",\n"
      "                       \"unit\": \"sglang_server_unit_dir\"}[what]",
      "                var = self.names.of({\"config\": \"config_dir\", \"state\": \"state_dir\", \"log\": \"log_file\", \"unit\": \"unit_dir\"}[what])"),
+    ("            self.problem(\"sglang_lock_dir: cannot take the node lease %s: %s\" % (self.lease_path, exc))",
+     "            self.problem(\"%s: cannot take the node lease %s: %s\" % (self.names.of(\"lease\", \"path\"), self.lease_path, exc))"),
     ("identity.decide(launcher.fp, found[\"running\"], kg.get(\"fingerprint\"), entry, p[\"force\"])",
      "identity.decide(launcher.fp, found[\"running\"], kg.get(\"fingerprint\"), entry, p[\"force\"], self.names)"),
     ("        lines.append(caches_mod.summary_line(plan[\"cache\"]))",

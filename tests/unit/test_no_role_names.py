@@ -38,7 +38,6 @@ KNOWN = {
     ("plugins/module_utils/redeploy/pd.py", "sglang_serial"),
     ("plugins/module_utils/redeploy/lease.py", "sglang_lease_break"),
     ("plugins/module_utils/redeploy/lease.py", "sglang_lock_timeout"),
-    ("plugins/module_utils/redeploy/preflight.py", "sglang_lock_dir"),
 }
 
 

@@ -22,7 +22,11 @@ class Names(object):
         self.labels = dict((str(k), str(v)) for k, v in (labels or {}).items() if v not in (None, ""))
 
     def of(self, option, field=None):
-        """The label of ``option``; with ``field``, of that field of a dict option (``args.port``)."""
+        """The label of ``option``; with ``field``, of that field of a dict option (``args.port``): the label of
+        ``option.field`` when the caller gave one (a field the caller sets as a variable of its own), else the
+        option's label and the field."""
+        if field is not None and "%s.%s" % (option, field) in self.labels:
+            return self.labels["%s.%s" % (option, field)]
         label = self.labels.get(option, option)
         return "%s.%s" % (label, field) if field is not None else label
 

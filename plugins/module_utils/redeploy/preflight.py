@@ -808,7 +808,7 @@ class Preflight(object):
             out.update(acquired=False, waited=exc.waited, holder=exc.holder)
             return out
         except OSError as exc:
-            self.problem("sglang_lock_dir: cannot take the node lease %s: %s" % (self.lease_path, exc))
+            self.problem("%s: cannot take the node lease %s: %s" % (self.names.of("lease", "path"), self.lease_path, exc))
             return dict(before, acquired=False)
         out = {"acquired": True, "state": lease_mod.MINE, "path": self.lease_path, "waited": got["waited"],
                "generation": got["generation"], "holder": got["holder"], "took_over": got["took_over"],

@@ -17,6 +17,9 @@ def test_an_option_without_a_label_is_named_by_itself():
     assert names.of("args", "tp_size") == "sglang_server_args.tp_size"
     assert names.of("env") == "env" and names.of("cache_dir") == "cache_dir"     # empty or missing: the option
     assert names.field_of("args")("port") == "sglang_server_args.port"
+    # A field the caller sets as a variable of its own.
+    assert Names({"lease": "my_lease", "lease.path": "sglang_lock_dir"}).of("lease", "path") == "sglang_lock_dir"
+    assert Names({"lease": "my_lease", "lease.path": "sglang_lock_dir"}).of("lease", "ttl") == "my_lease.ttl"
 
 
 def test_of_module_reads_the_option_labels_option():
