@@ -34,6 +34,7 @@ author:
 extends_documentation_fragment:
   - action_common_attributes
   - gpufleet.sglang.tls
+  - gpufleet.sglang.option_labels
 attributes:
   check_mode:
     support: full
@@ -445,6 +446,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as engine
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
@@ -506,7 +508,7 @@ def _diff(launcher, cur, action):
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(argument_spec(), **http.TLS_ARGSPEC), supports_check_mode=True,
+    module = AnsibleModule(argument_spec=dict(argument_spec(), **dict(http.TLS_ARGSPEC, **names_mod.ARGSPEC)), supports_check_mode=True,
                            required_if=[("state", "started", ("args",)), ("state", "restarted", ("args",))])
     http.configure_module(module)
     p = module.params

@@ -58,6 +58,7 @@ author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - action_common_attributes
+  - gpufleet.sglang.option_labels
 attributes:
   check_mode:
     support: full
@@ -130,6 +131,7 @@ prefetch:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import prefetch as pf
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import checkpoint as ckpt
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import ARGSPEC, Names
 
 
 def shard_files(paths):
@@ -154,23 +156,25 @@ def main():
             reserve_percent=dict(type="float", default=10),
             max_gb=dict(type="float", default=0),
             timeout=dict(type="float", default=600),
+            **ARGSPEC
         ),
         supports_check_mode=True,
     )
     p = module.params
+    names = Names.of_module(module)
     for name in ("reserve_gb", "max_gb", "timeout"):
         if p[name] < 0:
-            module.fail_json(msg="sglang_server_prefetch_%s: %s is negative; give 0 or more" % (name, p[name]))
+            module.fail_json(msg="%s: %s is negative; give 0 or more" % (names.of(name), p[name]))
     if not 0 <= p["reserve_percent"] <= 100:
-        module.fail_json(msg="sglang_server_prefetch_reserve_percent: %s is not between 0 and 100; give a percent of MemTotal"
-                             % p["reserve_percent"])
+        module.fail_json(msg="%s: %s is not between 0 and 100; give a percent of MemTotal"
+                             % (names.of("reserve_percent"), p["reserve_percent"]))
     result = {"files": 0, "bytes": 0, "bytes_read": 0, "resident_before": {"bytes": 0, "percent": 0.0},
               "resident_after": {"bytes": 0, "percent": 0.0}, "seconds": 0.0, "stopped": None, "skipped": [],
               "errors": [], "skipped_why": None, "budget_bytes": 0, "reserve_bytes": 0, "priority_note": None,
               "timeout": p["timeout"]}
     warn = p["mode"] == "on"
     if p["mode"] == "off":
-        result["skipped_why"] = "sglang_server_prefetch is off"
+        result["skipped_why"] = "%s is off" % names.of("mode")
     elif module.check_mode:
         result["skipped_why"] = "check mode"
     else:
@@ -195,17 +199,17 @@ def main():
             result.update(done)
         if warn:
             if result["skipped_why"]:
-                module.warn("sglang_server_prefetch on: nothing was read: %s" % result["skipped_why"])
+                module.warn("%s on: nothing was read: %s" % (names.of("mode"), result["skipped_why"]))
             elif result["stopped"]:
-                module.warn("sglang_server_prefetch on: stopped at the %s with %.1f%% of the checkpoint resident; raise %s"
-                            % ("memory budget" if result["stopped"] == "budget" else "time limit",
+                module.warn("%s on: stopped at the %s with %.1f%% of the checkpoint resident; raise %s"
+                            % (names.of("mode"), "memory budget" if result["stopped"] == "budget" else "time limit",
                                result["resident_after"]["percent"],
-                               "sglang_server_prefetch_max_gb or lower the reserve" if result["stopped"] == "budget"
-                               else "sglang_server_prefetch_timeout"))
+                               "%s or lower the reserve" % names.of("max_gb") if result["stopped"] == "budget"
+                               else names.of("timeout")))
             if result["priority_note"]:
-                module.warn("sglang_server_prefetch on: %s" % result["priority_note"])
+                module.warn("%s on: %s" % (names.of("mode"), result["priority_note"]))
             for error in result["errors"]:
-                module.warn("sglang_server_prefetch on: %s" % error)
+                module.warn("%s on: %s" % (names.of("mode"), error))
     result["line"] = pf.line(result)
     module.exit_json(changed=False, prefetch=result)
 

@@ -252,6 +252,7 @@ author:
 extends_documentation_fragment:
   - action_common_attributes
   - gpufleet.sglang.tls
+  - gpufleet.sglang.option_labels
 attributes:
   check_mode:
     support: full
@@ -452,6 +453,7 @@ problems:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import lean
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 
@@ -503,7 +505,7 @@ def argument_spec():
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(argument_spec(), **http.TLS_ARGSPEC), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=dict(argument_spec(), **dict(http.TLS_ARGSPEC, **names_mod.ARGSPEC)), supports_check_mode=True)
     http.configure_module(module)
     result = plan_mod.Preflight(module).run()
     if result.get("problems"):

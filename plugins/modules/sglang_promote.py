@@ -161,6 +161,7 @@ author:
 extends_documentation_fragment:
   - action_common_attributes
   - gpufleet.sglang.tls
+  - gpufleet.sglang.option_labels
 attributes:
   check_mode:
     support: full
@@ -239,6 +240,7 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import records
@@ -390,7 +392,7 @@ def main():
             release=dict(type="bool", default=True),
             progress_interval=dict(type="int", default=15),   # read by the action plugin (plugins/action/sglang_promote.py)
             log_file=dict(type="path"),                         # read by the action's progress only
-            **http.TLS_ARGSPEC
+            **dict(http.TLS_ARGSPEC, **names_mod.ARGSPEC)
         ),
         supports_check_mode=True,
     )

@@ -151,6 +151,7 @@ author:
 extends_documentation_fragment:
   - action_common_attributes
   - gpufleet.sglang.tls
+  - gpufleet.sglang.option_labels
 attributes:
   check_mode:
     support: none
@@ -291,6 +292,7 @@ details_file:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import lean
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import replace as engine
 
@@ -315,7 +317,7 @@ def main():
             lease=dict(type="dict", default={}),
             planned=dict(type="dict", default={}),
             progress_interval=dict(type="int", default=15),   # read by the action plugin (plugins/action/sglang_replace.py)
-            **http.TLS_ARGSPEC
+            **dict(http.TLS_ARGSPEC, **names_mod.ARGSPEC)
         ),
         supports_check_mode=False,
     )

@@ -171,6 +171,7 @@ author:
 extends_documentation_fragment:
   - action_common_attributes
   - gpufleet.sglang.tls
+  - gpufleet.sglang.option_labels
 attributes:
   check_mode:
     support: full
@@ -376,12 +377,13 @@ elapsed:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.router.workers import RouterWorker, argument_spec
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(argument_spec(), **http.TLS_ARGSPEC),
+        argument_spec=dict(argument_spec(), **dict(http.TLS_ARGSPEC, **names_mod.ARGSPEC)),
         required_if=[
             ("state", "present", ("router_url",)),
             ("state", "absent", ("router_url",)),

@@ -104,6 +104,7 @@ author:
 extends_documentation_fragment:
   - action_common_attributes
   - gpufleet.sglang.tls
+  - gpufleet.sglang.option_labels
 attributes:
   check_mode:
     support: none
@@ -222,6 +223,7 @@ errors:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import smoke
 
 # The engine's names, for callers and tests that know them from this module.
@@ -232,7 +234,7 @@ _pair = smoke._pair
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(smoke.OPTIONS, **http.TLS_ARGSPEC), supports_check_mode=False)
+    module = AnsibleModule(argument_spec=dict(smoke.OPTIONS, **dict(http.TLS_ARGSPEC, **names_mod.ARGSPEC)), supports_check_mode=False)
     http.configure_module(module)
     p = module.params
     problem = smoke.check_params(p)

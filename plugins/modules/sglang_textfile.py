@@ -71,6 +71,7 @@ author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - action_common_attributes
+  - gpufleet.sglang.option_labels
 attributes:
   check_mode:
     support: full
@@ -119,6 +120,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import textfile as textfile_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import ARGSPEC, Names
 
 
 def main():
@@ -135,10 +137,12 @@ def main():
             accept_length=dict(type="float"),
             config_dir=dict(type="path"),
             on_error=dict(type="str", default="fail", choices=["fail", "warn"]),
+            **ARGSPEC
         ),
         supports_check_mode=True,
     )
     p = module.params
+    label = Names.of_module(module).of("path")
     now = time.time()
     record = dict(server=p["server"], host=p["host"], run_id=p["run_id"], timestamp=now, status=p["status"],
                   mode=p["mode"], outage_s=p["outage_s"], tokens_per_s=p["tokens_per_s"], accept_length=p["accept_length"],
@@ -146,9 +150,9 @@ def main():
     try:
         problem = textfile_mod.check_path(p["path"])
         if problem:
-            raise textfile_mod.TextfileError("sglang_textfile_path %s" % problem)
+            raise textfile_mod.TextfileError("%s %s" % (label, problem))
         content = textfile_mod.render(record)
-        changed = True if module.check_mode else textfile_mod.write(p["path"], content)
+        changed = True if module.check_mode else textfile_mod.write(p["path"], content, label=label)
     except textfile_mod.TextfileError as exc:
         if p["on_error"] == "warn":
             module.warn(str(exc))

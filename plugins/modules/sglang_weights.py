@@ -83,6 +83,7 @@ author:
 extends_documentation_fragment:
   - action_common_attributes
   - gpufleet.sglang.tls
+  - gpufleet.sglang.option_labels
 attributes:
   check_mode:
     support: full
@@ -164,6 +165,7 @@ timings:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights
 
 
@@ -190,7 +192,7 @@ def main():
             abort_all_requests=dict(type="bool", default=True),
             flush_cache=dict(type="bool", default=True),
             timeout=dict(type="float", default=600.0),
-            **http.TLS_ARGSPEC
+            **dict(http.TLS_ARGSPEC, **names_mod.ARGSPEC)
         ),
         required_if=[("state", "updated", ("model_path",)), ("state", "rolled_back", ("previous",))],
         supports_check_mode=True,

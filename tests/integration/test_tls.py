@@ -96,10 +96,13 @@ def test_tls_server_gates_pass_over_https_and_the_key_password_stays_secret(laun
     ok = _smoke(tmp_path, url, tls_ca_path=certs["ca"])
     assert not ok.failed, ok
     assert ok["requests"] == {"sent": 2, "ok": 2, "failed": 0}, ok
-    # ... with a CA that did not sign the certificate it fails, naming the option to set ...
+    # ... with a CA that did not sign the certificate it fails, naming the option to set (the module alone: its
+    # option; the smoke role passes option_labels, and the message names sglang_smoke_tls_ca_path) ...
     bad = _smoke(tmp_path, url, tls_ca_path=certs["other_ca"])
     assert bad.failed, bad
-    assert "tls_ca_path" in bad["msg"] and "sglang_server_tls_ca_path" in bad["msg"], bad["msg"]
+    assert "set tls_ca_path to the CA bundle" in bad["msg"] and "sglang_" not in bad["msg"], bad["msg"]
+    labelled = _smoke(tmp_path, url, tls_ca_path=certs["other_ca"], option_labels={"tls_ca_path": "sglang_smoke_tls_ca_path"})
+    assert "set sglang_smoke_tls_ca_path to the CA bundle" in labelled["msg"], labelled["msg"]
     # ... and without validation it passes but says so.
     unchecked = _smoke(tmp_path, url, validate_certs=False)
     assert not unchecked.failed, unchecked
@@ -116,7 +119,8 @@ def test_tls_server_gates_pass_over_https_and_the_key_password_stays_secret(laun
 
 
 @pytest.mark.parametrize("case, cert, ca, words", [
-    ("bad CA", "server", "other_ca", ["does not chain to a trusted CA", "sglang_server_tls_ca_path",
+    # sglang_launch used alone: the fix names its option (the roles' labels: test_redeploy_playbook_over_https).
+    ("bad CA", "server", "other_ca", ["does not chain to a trusted CA", "set tls_ca_path to the CA bundle",
                                       "CA bundle that signed the server's certificate"]),
     ("expired", "expired", "ca", ["expired", "renew the certificate"]),
     ("wrong host", "wrong_host", "ca", ["not valid for 127.0.0.1", "subjectAltName IP:127.0.0.1",

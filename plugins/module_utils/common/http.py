@@ -36,6 +36,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 
 DEFAULT_TIMEOUT = 10.0
 USER_AGENT = "gpufleet.sglang"
@@ -82,9 +83,7 @@ class TLSConfigError(ValueError):
     """A TLS option is unusable (a file that is missing or no PEM certificate/key); raised before any request."""
 
 
-# Where the options come from, for the messages: module option (role variable).
-CA_HINT = "tls_ca_path (role variable sglang_server_tls_ca_path, sglang_router_tls_ca_path for the router)"
-CERT_HINT = "tls_client_cert/tls_client_key (role variables sglang_server_tls_client_cert/_key)"
+# The messages name the TLS options, or what the caller calls them (option_labels): see _hint.
 _HOST_ERRORS = (62, 64)          # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
 _DATE_ERRORS = (9, 10)           # X509_V_ERR_CERT_NOT_YET_VALID, X509_V_ERR_CERT_HAS_EXPIRED
 
@@ -137,7 +136,7 @@ def tls_settings(params):
     params = params or {}
     return {"ca_path": params.get("tls_ca_path") or None, "client_cert": params.get("tls_client_cert") or None,
             "client_key": params.get("tls_client_key") or None,
-            "validate_certs": params.get("validate_certs") is not False}
+            "validate_certs": params.get("validate_certs") is not False, "labels": dict(params.get("option_labels") or {})}
 
 
 def configure_tls(settings=None):
@@ -196,15 +195,21 @@ def _tls_error(url, reason):
                "server) and restart it" % detail)
     elif code is not None:
         fix = ("the server's certificate does not chain to a trusted CA (%s); set %s to the CA bundle that signed the "
-               "server's certificate" % (detail, CA_HINT))
+               "server's certificate" % (detail, _hint("tls_ca_path")))
     elif "CERTIFICATE_REQUIRED" in str(detail).upper() or "certificate required" in str(reason):
-        fix = "the server asks for a client certificate; set %s" % CERT_HINT
+        fix = "the server asks for a client certificate; set %s" % _hint("tls_client_cert", "tls_client_key")
     elif "WRONG_VERSION_NUMBER" in str(detail).upper() or "wrong version number" in str(reason):
         fix = "the server at %s does not speak TLS; remove ssl_certfile from its args or use an http:// URL" % host
     else:
         fix = ("TLS handshake failed (%s); check the certificates: %s for the server's CA, and %s when the server asks "
-               "for a client certificate" % (reason, CA_HINT, CERT_HINT))
+               "for a client certificate" % (reason, _hint("tls_ca_path"), _hint("tls_client_cert", "tls_client_key")))
     return TLSError(url, fix)
+
+
+def _hint(*options):
+    """The options to set, as the module's caller calls them (its option_labels, kept by configure_tls)."""
+    names = names_mod.Names((_TLS["settings"] or {}).get("labels"))
+    return "/".join(names.of(option) for option in options)
 
 
 def _classify(url, exc):

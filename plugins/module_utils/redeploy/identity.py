@@ -26,6 +26,7 @@ import os
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node.supervise import write_private
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import PLAIN
 
 SALT_NAME = ".identity-salt"
 
@@ -156,7 +157,7 @@ def _show(value):
 # The plan's action
 # --------------------------------------------------------------------------
 
-def decide(intended_fp, running, known_good_fp, entry, force=False):
+def decide(intended_fp, running, known_good_fp, entry, force=False, names=PLAIN):
     """The action for this host and why: ``{action, why, recovering, interrupted}``.
 
     ``running``: None when nothing of ours or adoptable serves on the target, else
@@ -173,7 +174,7 @@ def decide(intended_fp, running, known_good_fp, entry, force=False):
             why = "%s and left no server running: redeploying" % note
         return {"action": START, "why": why, "recovering": interrupted, "interrupted": interrupted}
     if force:
-        return {"action": RESTART, "why": "sglang_redeploy_force is set", "recovering": interrupted, "interrupted": interrupted}
+        return {"action": RESTART, "why": "%s is set" % names.of("force"), "recovering": interrupted, "interrupted": interrupted}
     if running.get("fingerprint") and running.get("fingerprint") == intended_fp:
         fresh_candidate = interrupted and (entry.get("candidate") or {}).get("fingerprint") == intended_fp \
             and entry.get("step") in journal_mod.PAST_TEARDOWN | {journal_mod.INTERRUPTED}

@@ -33,6 +33,8 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import we
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import node_or_mirror
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import serving
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import checkpoint as ckpt_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import PLAIN
 
 
 WEIGHTS = "weights"
@@ -75,6 +77,7 @@ class Preflight(TargetInspection):
     def __init__(self, module):
         self.module = module
         self.p = module.params
+        self.names = names_mod.Names.of_module(module)
         self.check_mode = module.check_mode
         self.problems = []
         self.notes = []
@@ -111,7 +114,7 @@ class Preflight(TargetInspection):
             backend.close()
         driver = snap.get("driver") or {}
         if not driver.get("ok", False):
-            self.problem(gpu_target.driver_failure_text(driver, "nvidia-smi (sglang_server_nvidia_smi)")[:600])
+            self.problem(gpu_target.driver_failure_text(driver, "nvidia-smi (%s)" % self.names.of("nvidia_smi"))[:600])
             return snap, []
         selected, errors = gpu_query.select_gpus(snap, p["gpus"])
         answering = [g for g in snap.get("gpus", []) if not g.get("lost")]
@@ -119,7 +122,7 @@ class Preflight(TargetInspection):
             # GPUs worked out from the layout that the node does not have: serving.check_layout says so with the layout.
             self.short_of_gpus = len(snap.get("gpus", []))
         elif errors:
-            self.problem("sglang_server_cuda_visible_devices / tp_size: %s; the node has %d GPU(s)" % ("; ".join(errors), len(answering)))
+            self.problem("%s / tp_size: %s; the node has %d GPU(s)" % (self.names.of("gpus"), "; ".join(errors), len(answering)))
         for gpu in selected:
             if gpu.get("lost"):
                 self.problem("%s is lost (%s); the server cannot use it" % (gpu_query.gpu_label(gpu), gpu.get("lost_reason")))
@@ -149,16 +152,16 @@ class Preflight(TargetInspection):
         p = self.p
         cache_dir = p["cache_dir"] or ""
         if cache_dir and not os.path.isabs(cache_dir):
-            self.problem("sglang_server_cache_dir must be an absolute path, got %r; set a path such as %s/cache, or '' to "
-                         "leave SGLang's cache defaults" % (cache_dir, p["state_dir"]))
+            self.problem("%s must be an absolute path, got %r; set a path such as %s/cache, or '' to "
+                         "leave SGLang's cache defaults" % (self.names.of("cache_dir"), cache_dir, p["state_dir"]))
             cache_dir = ""
         min_free = p["cache_min_free_gb"]
         if min_free is None or min_free < 0:
-            self.problem("sglang_server_cache_min_free_gb must be a number of GiB >= 0, got %r; set e.g. 20, or 0 to turn the "
-                         "free-space check off" % (min_free,))
+            self.problem("%s must be a number of GiB >= 0, got %r; set e.g. 20, or 0 to turn the "
+                         "free-space check off" % (self.names.of("cache_min_free_gb"), min_free))
             min_free = 0
         operator_env = dict((str(k), v) for k, v in (p["env"] or {}).items())
-        info, problem = caches_mod.describe(cache_dir, min_free, operator_env)
+        info, problem = caches_mod.describe(cache_dir, min_free, operator_env, self.names)
         if problem:
             self.problem(problem + " (nothing was touched)")
         self.cache_info = info
@@ -170,26 +173,27 @@ class Preflight(TargetInspection):
         model_path = args.get("model_path")
         arch = draft_arch = None
         if not model_path:
-            self.problem("sglang_server_args.model_path: not set; give the model directory on the node")
+            self.problem("%s: not set; give the model directory on the node" % self.names.of("args", "model_path"))
         else:
             arch, err = pf.read_arch(str(model_path))
             if err:
-                self.problem("sglang_server_args.model_path: %s %s on this node; copy the model there or fix the path" % (model_path, err))
+                self.problem("%s: %s %s on this node; copy the model there or fix the path" % (
+                    self.names.of("args", "model_path"), model_path, err))
             else:
                 self.check_checkpoint("model_path", str(model_path), args)
         draft = args.get("speculative_draft_model_path")
         if draft:
             draft_arch, err = pf.read_arch(str(draft))
             if err:
-                self.problem("sglang_server_args.speculative_draft_model_path: %s %s on this node; copy the draft model there "
-                             "or fix the path" % (draft, err))
+                self.problem("%s: %s %s on this node; copy the draft model there "
+                             "or fix the path" % (self.names.of("args", "speculative_draft_model_path"), draft, err))
             elif str(draft) != str(model_path):
                 self.check_checkpoint("speculative_draft_model_path", str(draft), args, draft=True)
         self.node.update(arch=arch, draft_arch=draft_arch)
         env = dict((str(k), str(v)) for k, v in (p["env"] or {}).items())
         resolved = node_or_mirror.resolve_for_node(
             args, version=p["version"], arch=p["arch"] or arch, policy=p["spec_policy"], draft_arch=draft_arch, env=env,
-            gpu=gpu, source=p["resolution"], python=p["python"], timeout=p["resolution_timeout"])
+            gpu=gpu, source=p["resolution"], python=p["python"], timeout=p["resolution_timeout"], names=self.names)
         for error in resolved.get("errors") or []:
             self.problem(error)
         return resolved
@@ -220,8 +224,8 @@ class Preflight(TargetInspection):
         load_format = str(args.get("load_format") or "auto")
         checks = self.node.setdefault("checkpoints", {})
         if load_format not in CHECKED_LOAD_FORMATS:
-            self.notes.append("sglang_server_args.%s: load_format %s, the checkpoint's weight files were not checked (only "
-                              "the safetensors formats %s are)" % (field, load_format, ", ".join(CHECKED_LOAD_FORMATS)))
+            self.notes.append("%s: load_format %s, the checkpoint's weight files were not checked (only "
+                              "the safetensors formats %s are)" % (self.names.of("args", field), load_format, ", ".join(CHECKED_LOAD_FORMATS)))
             checks[field] = {"path": path, "checked": False}
             return
         ids = self.service_ids()
@@ -233,21 +237,21 @@ class Preflight(TargetInspection):
                                    skip_tokenizer_init=skip, deadline=time.monotonic() + CHECKPOINT_SECONDS)
         except ckpt_mod.CheckpointError as exc:
             checks[field] = {"path": path, "checked": True, "ok": False, "file": exc.path}
-            self.problem("sglang_server_args.%s: the checkpoint %s cannot be served: %s (SGLang would fail on it only while "
-                         "loading, after the running server is gone; nothing was touched)" % (field, path, exc))
+            self.problem("%s: the checkpoint %s cannot be served: %s (SGLang would fail on it only while "
+                         "loading, after the running server is gone; nothing was touched)" % (self.names.of("args", field), path, exc))
             return
         checks[field] = dict(info, path=path, checked=True, ok=True)
         if not draft and tokenizer and str(tokenizer) != path and os.path.isdir(str(tokenizer)):
             problem = ckpt_mod.tokenizer_problem(str(tokenizer), bool(args.get("skip_tokenizer_init")))
             if problem:
-                self.problem("sglang_server_args.tokenizer_path: %s; copy the tokenizer files there or fix the path (SGLang "
-                             "would fail on it only while loading; nothing was touched)" % problem)
+                self.problem("%s: %s; copy the tokenizer files there or fix the path (SGLang "
+                             "would fail on it only while loading; nothing was touched)" % (self.names.of("args", "tokenizer_path"), problem))
         if not info["complete"]:
-            self.notes.append("sglang_server_args.%s: the checkpoint %s has more shards than %d s allow to check; the rest "
-                              "was not checked" % (field, path, CHECKPOINT_SECONDS))
+            self.notes.append("%s: the checkpoint %s has more shards than %d s allow to check; the rest "
+                              "was not checked" % (self.names.of("args", field), path, CHECKPOINT_SECONDS))
         if ids is None:
-            self.notes.append("sglang_server_args.%s: the server's user or group is unknown on this node, so read access "
-                              "to %s was not checked" % (field, path))
+            self.notes.append("%s: the server's user or group is unknown on this node, so read access "
+                              "to %s was not checked" % (self.names.of("args", field), path))
 
     def check_arg_secrets(self, args):
         """Every secret in ``sglang_server_args`` (a secret-named field, a password or token inside a URL) is registered
@@ -269,20 +273,23 @@ class Preflight(TargetInspection):
             if not carrying:
                 continue
             if name == "api_key":
-                self.problem("sglang_server_args.api_key: put the key in sglang_server_api_key instead (a no_log variable "
-                             "that goes into the 0600 --config file); args are shown in plans and reports")
+                self.problem("%s: put the key in %s instead (a no_log variable "
+                             "that goes into the 0600 --config file); args are shown in plans and reports"
+                             % (self.names.of("args", "api_key"), self.names.of("api_key")))
             elif name == "admin_api_key":
-                self.problem("sglang_server_args.admin_api_key: this collection runs the server with sglang_server_api_key "
+                self.problem("%s: this collection runs the server with %s "
                              "only (args are shown in plans and reports, and its own calls carry that key); remove "
-                             "admin_api_key")
+                             "admin_api_key" % (self.names.of("args", "admin_api_key"), self.names.of("api_key")))
             elif name == "hf_token":
-                self.problem("sglang_server_args.hf_token: SGLang takes no such flag; it reads the Hugging Face token from "
-                             "the environment: set HF_TOKEN in sglang_server_env (a secret-named variable goes to a 0600 file, "
-                             "never into records) and remove hf_token from the args")
+                self.problem("%s: SGLang takes no such flag; it reads the Hugging Face token from "
+                             "the environment: set HF_TOKEN in %s (a secret-named variable goes to a 0600 file, "
+                             "never into records) and remove hf_token from the args" % (self.names.of("args", "hf_token"),
+                                                                                          self.names.of("env")))
             elif not named:
-                self.problem("sglang_server_args.%s: holds a URL with credentials (user:password@ or a token parameter), "
+                self.problem("%s: holds a URL with credentials (user:password@ or a token parameter), "
                              "which would be on the server's command line (ps) and in its records; use a URL without them "
-                             "and give the credentials through the environment (sglang_server_env) or a file" % key)
+                             "and give the credentials through the environment (%s) or a file" % (self.names.of("args", key),
+                                                                                                 self.names.of("env")))
             else:
                 passed.append(str(key))
         return passed
@@ -304,9 +311,9 @@ class Preflight(TargetInspection):
         running = found.get("running") or {}
         if decision["action"] != identity.RESTART or mode == "restart":
             if mode == "weights" and decision["action"] != identity.NONE:
-                self.problem("sglang_redeploy_mode: weights was asked for, but the plan is %s (%s); an in-place weight "
+                self.problem("%s: weights was asked for, but the plan is %s (%s); an in-place weight "
                              "update needs a healthy managed server that runs another checkpoint of the same config"
-                             % (decision["action"], decision["why"]))
+                             % (self.names.of("redeploy_mode"), decision["action"], decision["why"]))
             return decision, None
         record = self.running_record(running.get("fingerprint")) if running.get("fingerprint") else None
         if record is None:
@@ -326,8 +333,8 @@ class Preflight(TargetInspection):
                 wplan = dict(wplan, mode="restart", why="more than the checkpoint changes (%s)" % ", ".join(others),
                              reasons=list(wplan.get("reasons") or []) + ["changes beyond the checkpoint: %s" % ", ".join(others)])
         if mode == "weights" and wplan["mode"] != "weights":
-            self.problem("sglang_redeploy_mode: weights was asked for, but an in-place update cannot reach the intended "
-                         "config: %s" % ("; ".join(wplan.get("reasons") or []) or wplan["why"]))
+            self.problem("%s: weights was asked for, but an in-place update cannot reach the intended "
+                         "config: %s" % (self.names.of("redeploy_mode"), "; ".join(wplan.get("reasons") or []) or wplan["why"]))
         if wplan["mode"] == "weights":
             decision = dict(decision, action=WEIGHTS, why="only the weights change: %s" % wplan["why"])
         return decision, wplan
@@ -417,7 +424,7 @@ class Preflight(TargetInspection):
         p = self.p
         for text in settings.check_settings(p["settings"]):
             self.problem(text)
-        problem = settings.check_text_secret("sglang_server_api_key", p["api_key"])
+        problem = settings.check_text_secret(self.names.of("api_key"), p["api_key"])
         if problem:
             self.problem(problem)
         if p["api_key"]:
@@ -433,7 +440,7 @@ class Preflight(TargetInspection):
         if not 0 <= mode <= 0o7777:
             self.problem("directory_mode must be an octal string such as '0750', got %r" % p["directory_mode"])
         # The args as given: types and ranges SGLang's own resolution lets through (tp_size -1, mem_fraction_static 1.5).
-        value_problems = serving.check_values(p["args"])
+        value_problems = serving.check_values(p["args"], self.names)
         for text in value_problems:
             self.problem(text)
         if not p["gpus"]:
@@ -450,8 +457,8 @@ class Preflight(TargetInspection):
         if manager == "auto":
             manager = "systemd" if is_systemd else "process"
         elif manager == "systemd" and not is_systemd:
-            self.problem("sglang_server_manager: systemd is not running on this node (PID 1 is not systemd); set "
-                         "sglang_server_manager: process or auto")
+            self.problem("%s: systemd is not running on this node (PID 1 is not systemd); set "
+                         "%s: process or auto" % (self.names.of("manager"), self.names.of("manager")))
         self.manager = manager
         return manager, is_systemd
 
@@ -466,7 +473,7 @@ class Preflight(TargetInspection):
                          all_gpus=[gpu_query.summarize(g) for g in (snap or {}).get("gpus", [])])
         resolved = self.resolve(gpu)
         args = resolved.get("args") or dict(p["args"] or {})
-        layout = settings.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"])
+        layout = settings.check_gpu_layout(args, p["gpus"], p["nnodes"], p["explicit_gpus"], self.names)
         if layout:
             self.problem(layout)
         if not value_problems and not resolved.get("errors"):
@@ -474,12 +481,13 @@ class Preflight(TargetInspection):
             # A list that does not fit the layout is said above; the node's GPU count only when it is the reason.
             for text in serving.check_layout(args, [] if layout else p["gpus"], node_gpu_count=self.short_of_gpus,
                                              nnodes=p["nnodes"], gpu_memory_mib=(gpu or {}).get("memory_mib"),
-                                             arch_known=bool(p["arch"] or self.node.get("arch"))):
+                                             arch_known=bool(p["arch"] or self.node.get("arch")), names=self.names):
                 self.problem(text)
         if args.get("delete_ckpt_after_loading") and p["rollback"]:
-            self.problem("sglang_server_args.delete_ckpt_after_loading: SGLang deletes the checkpoint under %s after warmup, so "
+            self.problem("%s: SGLang deletes the checkpoint under %s after warmup, so "
                          "a later rollback could not load the known-good config from it; drop delete_ckpt_after_loading, or set "
-                         "sglang_server_rollback: false to accept redeploys without rollback" % args.get("model_path"))
+                         "%s: false to accept redeploys without rollback" % (self.names.of("args", "delete_ckpt_after_loading"),
+                                                                              args.get("model_path"), self.names.of("rollback")))
         return selected, resolved, args
 
     def _probe_places(self, manager, mode):
@@ -493,8 +501,7 @@ class Preflight(TargetInspection):
             why = pf.probe_writable(path)
             probes.append({"what": what, "path": path, "ok": why is None, "why": why})
             if why:
-                var = {"config": "sglang_server_config_dir", "state": "sglang_server_state_dir", "log": "sglang_server_log_file",
-                       "unit": "sglang_server_unit_dir"}[what]
+                var = self.names.of({"config": "config_dir", "state": "state_dir", "log": "log_file", "unit": "unit_dir"}[what])
                 self.problem("%s: the %s directory %s is not usable: %s; fix it before the redeploy (nothing was touched)"
                              % (var, what, path, why))
         wanted = list(p["directories"]) + [d for d in self.cache_info["dirs"] if d not in p["directories"]]
@@ -507,7 +514,7 @@ class Preflight(TargetInspection):
         p = self.p
         entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
         kg = self.known_good(manager)
-        decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+        decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"], self.names)
         decision, weights_plan = self.choose_mode(decision, found, launcher)
         lease_info = self.lease_state()
         self.weights_plan = weights_plan
@@ -578,7 +585,7 @@ class Preflight(TargetInspection):
             "plan": plan, "resolved": resolved, "node": self.node, "lease": lease_info, "problems": self.problems,
             "notes": self.notes, "elapsed": round(time.monotonic() - self.began, 3),
         }
-        result["lines"] = plan_lines(p["label"] or p["name"], plan, resolved, lease_info)
+        result["lines"] = plan_lines(p["label"] or p["name"], plan, resolved, lease_info, self.names)
         if self.check_mode and getattr(self.module, "_diff", False):
             # --check --diff: what a real run would change. A real run shows it once, on sglang_replace (the task
             # that changes the node), so the preflight returns it in check mode only.
@@ -607,7 +614,7 @@ class Preflight(TargetInspection):
             found = self.inspect_server(launcher, self.snapshot()[1])
             entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
             kg = self.known_good(manager)
-            decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
+            decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"], self.names)
             decision, self.weights_plan = self.choose_mode(decision, found, launcher)
         if lease_info.get("acquired") and decision["action"] != identity.NONE:
             running = found["running"] or {}
@@ -653,7 +660,7 @@ class Preflight(TargetInspection):
             out.update(acquired=False, waited=exc.waited, holder=exc.holder)
             return out
         except OSError as exc:
-            self.problem("sglang_lock_dir: cannot take the node lease %s: %s" % (self.lease_path, exc))
+            self.problem("%s: cannot take the node lease %s: %s" % (self.names.of("lease", "path"), self.lease_path, exc))
             return dict(before, acquired=False)
         out = {"acquired": True, "state": lease_mod.MINE, "path": self.lease_path, "waited": got["waited"],
                "generation": got["generation"], "holder": got["holder"], "took_over": got["took_over"],
@@ -673,7 +680,7 @@ def _fmt(value):
     return str(value)
 
 
-def plan_lines(host, plan, resolved, lease_info):
+def plan_lines(host, plan, resolved, lease_info, names=PLAIN):
     """The plan in readable lines, for the play's output."""
     lines = ["%s: %s (%s); GPUs %s; manager %s; args resolved by the %s%s; rollback %s" % (
         host, plan["action"], plan["why"], ",".join(str(g) for g in plan["target_gpus"]), plan["manager"],
@@ -710,5 +717,5 @@ def plan_lines(host, plan, resolved, lease_info):
     for diff in plan.get("differences") or []:
         lines.append("changes " + identity.format_difference(diff))
     if plan.get("cache") is not None:
-        lines.append(caches_mod.summary_line(plan["cache"]))
+        lines.append(caches_mod.summary_line(plan["cache"], names))
     return lines

@@ -34,6 +34,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.node import superv
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 
 PHASES = ("all", "teardown", "launch", "verify", "weights")
 # Fields that an in-place weight update changes while /server_info keeps the launch values (docs/reference/sglang-rules.md).
@@ -328,7 +329,7 @@ class Replace(object):
         cur = launcher.current()
         if not cur["pid"]:
             raise launch_mod.LaunchError("no managed server runs, so its weights cannot be updated in place; redeploy with "
-                                         "sglang_redeploy_mode: restart")
+                                         "%s: restart" % names_mod.Names.of_module(self.module).of("redeploy_mode"))
         self.candidate_pid = cur["pid"]
         self.show_diff(launcher, params, cur)
         new_path = launcher.args.get("model_path")

@@ -16,8 +16,12 @@ from __future__ import annotations
 import math
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import serving
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import PLAIN
 
-# variable -> (kind, minimum, minimum is exclusive, what it means / the fix)
+# variable -> (kind, minimum, minimum is exclusive, what it means / the fix). The keys are the names of the
+# sglang_preflight option ``settings`` (a dict of role variables to range-check, by design: the role passes
+# sglang_redeploy_settings), so a message names the key the caller gave; tests/unit/test_no_role_names.py allows
+# these keys as whole strings only.
 RULES = {
     "sglang_server_health_timeout": ("number", 0, True, "seconds a new server may take to answer its health check (default 1800)"),
     "sglang_server_stop_timeout": ("number", 0, True, "seconds systemd waits for the server to stop (default 120)"),
@@ -106,7 +110,7 @@ def gpus_needed(args, nnodes=1):
     return max(1, serving.gpus_per_node(args, max(1, int(nnodes or 1)))[1])
 
 
-def check_gpu_layout(args, target_gpus, nnodes=1, explicit=False):
+def check_gpu_layout(args, target_gpus, nnodes=1, explicit=False, names=PLAIN):
     """A message when the target GPUs do not fit the parallel layout, else None."""
     need = gpus_needed(args, nnodes)
     have = len(target_gpus or [])
@@ -120,9 +124,9 @@ def check_gpu_layout(args, target_gpus, nnodes=1, explicit=False):
     if int(nnodes or 1) > 1:
         layout += " over %s nodes" % nnodes
     if explicit:
-        return ("sglang_server_cuda_visible_devices: %s needs %d GPU(s) per node, but it lists %d (%s); list %d GPU(s) or "
-                "change the parallel layout" % (layout, need, have, ",".join(str(g) for g in target_gpus), need))
-    return "sglang_server_args: %s needs %d GPU(s) per node, but %d are targeted" % (layout, need, have)
+        return ("%s: %s needs %d GPU(s) per node, but it lists %d (%s); list %d GPU(s) or "
+                "change the parallel layout" % (names.of("gpus"), layout, need, have, ",".join(str(g) for g in target_gpus), need))
+    return "%s: %s needs %d GPU(s) per node, but %d are targeted" % (names.of("args"), layout, need, have)
 
 
 def check_text_secret(name, value):

@@ -21,6 +21,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.gpu import query a
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import PLAIN
 
 PROBE_BYTES = 64 * 1024
 MIN_FREE_MIB = 64
@@ -255,7 +256,7 @@ def find_watchers(table, listed_gpus, fd_paths, accounting, index_of):
 
 
 def classify_holders(table, holder_gpus, managed_pids, managed_unit, recorded_pids, adopt_pids, adopt_res, port_owner_pids,
-                     exclude_names, watchers=None, suspects=None):
+                     exclude_names, watchers=None, suspects=None, names=PLAIN):
     """Sort the processes holding the target GPUs: managed, adopted, watcher, orphan, system or foreign.
 
     ``holder_gpus``: ``{pid: [gpu indices]}``; ``watchers`` and ``suspects``: ``{pid: why}`` from :func:`find_watchers`
@@ -306,12 +307,12 @@ def classify_holders(table, holder_gpus, managed_pids, managed_unit, recorded_pi
             entry.update({"class": "managed", "why": "left over from the managed server (its recorded session %d)" % info.sid})
         elif pid in adopted:
             entry.update({"class": "adopted", "why": "part of the server this deploy adopts (on the managed port, or named by "
-                                                     "sglang_adopt_pids)"})
+                                                     "%s)" % names.of("adopt_pids")})
         elif pid in watchers:
             entry.update({"class": "watcher", "why": watchers[pid]})
         elif any(r.search(cmd) for r in adopt_res) or (leader is not None and any(
                 r.search(" ".join(leader.cmdline)) for r in adopt_res)):
-            entry.update({"class": "adopted", "why": "matches sglang_adopt_patterns"})
+            entry.update({"class": "adopted", "why": "matches %s" % names.of("adopt_patterns")})
         else:
             root = _root(table, pid)
             own_ports = listening_ports([pid]) if root.pid == pid else []
@@ -340,12 +341,12 @@ def describe_foreign(entry):
     return "PID %s (user %s, GPUs %s, ports %s): %s" % (entry["pid"], entry.get("user"), gpus, ports, entry.get("cmdline"))
 
 
-def compile_patterns(patterns):
+def compile_patterns(patterns, names=PLAIN):
     out = []
     problems = []
     for text in patterns or []:
         try:
             out.append(re.compile(text))
         except re.error as exc:
-            problems.append("sglang_adopt_patterns: %r is not a valid regular expression (%s)" % (text, exc))
+            problems.append("%s: %r is not a valid regular expression (%s)" % (names.of("adopt_patterns"), text, exc))
     return out, problems

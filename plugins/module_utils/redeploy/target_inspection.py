@@ -85,8 +85,8 @@ class TargetInspection(object):
                 else:
                     who = ("PID %s (%s)" % (owner, port_owner["cmdline"] or port_owner["comm"])) if owner else \
                         "a process this user cannot see"
-                    self.problem("sglang_server_args.port: port %d is held by %s, which is not the managed server; stop it "
-                                 "or choose another port" % (launcher.port, who))
+                    self.problem("%s: port %d is held by %s, which is not the managed server; stop it "
+                                 "or choose another port" % (self.names.of("args", "port"), launcher.port, who))
         return port_owner, adopt_from_port
 
     def _gpu_holders(self, launcher, selected, table, managed_pids, recorded, adopt_from_port):
@@ -119,7 +119,7 @@ class TargetInspection(object):
                                           max_used_mib=(p["settings"] or {}).get("gpu_verify_max_used_mib") or 16)
         watchers, suspects = pf.find_watchers(table, listed, dict((pid, paths) for pid, paths in users.items()
                                                                   if pid in holder_gpus), accounting, index_of)
-        adopt_res, problems = pf.compile_patterns(p["adopt_patterns"])
+        adopt_res, problems = pf.compile_patterns(p["adopt_patterns"], self.names)
         for text in problems:
             self.problem(text)
         exclude = set(gpu_query.GPU_SYSTEM_DAEMONS)
@@ -129,7 +129,7 @@ class TargetInspection(object):
                 holder_gpus.pop(pid)
         holders = pf.classify_holders(table, holder_gpus, managed_pids, launcher.unit if launcher.manager == "systemd" else None,
                                       recorded, list(p["adopt_pids"] or []), adopt_res, adopt_from_port, exclude,
-                                      watchers=watchers, suspects=suspects)
+                                      watchers=watchers, suspects=suspects, names=self.names)
         return holders
 
     def _check_holders(self, holders, boxed):
@@ -145,9 +145,10 @@ class TargetInspection(object):
         foreign = [h for h in holders if h["class"] == "foreign" and not h.get("container")]
         if foreign and not p["allow_foreign"]:
             self.problem("the target GPUs are held by %d process(es) that are not this server's: %s. Another team's server? "
-                         "Move this server to other GPUs (sglang_server_cuda_visible_devices), name it in sglang_adopt_pids or "
-                         "sglang_adopt_patterns if this deploy replaces it, or set sglang_teardown_foreign: true to stop it"
-                         % (len(foreign), "; ".join(pf.describe_foreign(h) for h in foreign)))
+                         "Move this server to other GPUs (%s), name it in %s or "
+                         "%s if this deploy replaces it, or set %s: true to stop it"
+                         % (len(foreign), "; ".join(pf.describe_foreign(h) for h in foreign), self.names.of("gpus"),
+                            self.names.of("adopt_pids"), self.names.of("adopt_patterns"), self.names.of("allow_foreign")))
 
     def _drain_roots(self, holders, managed_pids, adopt_from_port, table, boxed):
         """``(expected, teardown)``: the PIDs the drain expects on the GPUs and the roots it signals."""
@@ -224,6 +225,6 @@ class TargetInspection(object):
             out.append(entry)
             if strangers and item["port"] != launcher.port:
                 self.problem("port %d (%s) is held by %s, which this deploy does not replace; the new server would fail "
-                             "with \"Port is already in use\". Stop it, or change the port in sglang_server_args"
-                             % (item["port"], item["what"], sockets.describe(status)))
+                             "with \"Port is already in use\". Stop it, or change the port in %s"
+                             % (item["port"], item["what"], sockets.describe(status), self.names.of("args")))
         return out

@@ -132,18 +132,18 @@ def check_path(path):
     return None
 
 
-def write(path, content, mode=0o644):
+def write(path, content, mode=0o644, label="path"):
     """Write ``content`` to ``path`` atomically (temporary file in the same directory, fsync, chmod, rename).
 
     Returns True when the file changed. Raises :class:`TextfileError` with the path and the fix.
     """
     problem = check_path(path)
     if problem:
-        raise TextfileError("sglang_textfile_path %s" % problem)
+        raise TextfileError("%s %s" % (label, problem))
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
-        raise TextfileError("the directory %s of sglang_textfile_path does not exist: create it, or point "
-                            "sglang_textfile_path into node_exporter's --collector.textfile.directory" % directory)
+        raise TextfileError("the directory %s of %s does not exist: create it, or point "
+                            "%s into node_exporter's --collector.textfile.directory" % (directory, label, label))
     try:
         with open(path, encoding="utf-8") as fh:
             if fh.read() == content and (os.stat(path).st_mode & 0o777) == mode:
@@ -162,7 +162,7 @@ def write(path, content, mode=0o644):
         os.replace(tmp, path)
         tmp = None
     except OSError as exc:
-        raise TextfileError("cannot write sglang_textfile_path %s: %s" % (path, exc))
+        raise TextfileError("cannot write %s %s: %s" % (label, path, exc))
     finally:
         if fd is not None:
             os.close(fd)

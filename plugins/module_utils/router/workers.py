@@ -33,6 +33,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.common.http import
     HTTPConnectionError,
     request,
 )
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import wait
 from ansible_collections.gpufleet.sglang.plugins.module_utils.router.client import Router
 from ansible_collections.gpufleet.sglang.plugins.module_utils.router.load import read_load
@@ -74,6 +75,7 @@ class RouterWorker(object):
 
     def __init__(self, module):
         self.module = module
+        self.names = names_mod.Names.of_module(module)
         p = module.params
         self.p = p
         self.started = time.monotonic()
@@ -193,8 +195,8 @@ class RouterWorker(object):
             self.fail("the %s server this redeploy starts has an API key (worker_api_key), and the smg 1.x router %s has "
                       "none. In PD mode smg 1.x sends the caller's Authorization header to the prefill and decode "
                       "servers, never worker_api_key, so every request through the router would fail with 401. Give "
-                      "the router the servers' key (--api-key, and sglang_router_api_key), or run the PD servers "
-                      "without --api-key.%s" % (role, self.router.base, untouched))
+                      "the router the servers' key (--api-key, and %s), or run the PD servers "
+                      "without --api-key.%s" % (role, self.router.base, self.names.of("api_key"), untouched))
 
     def check_worker_auth(self):
         """Fail before registering a worker that would reject the router's requests.
@@ -225,8 +227,8 @@ class RouterWorker(object):
                 "%s (a %s server) requires an API key (HTTP %%d on %%s), and this smg 1.x router has none. In PD mode "
                 "smg 1.x sends the caller's Authorization header to the prefill and decode servers, never "
                 "worker_api_key, so every request through the router would fail with 401. Give the router the "
-                "servers' key (--api-key, and sglang_router_api_key), or run the PD servers without --api-key."
-                % (self.url, role)))
+                "servers' key (--api-key, and %s), or run the PD servers without --api-key."
+                % (self.url, role, self.names.of("api_key"))))
             return
         self.probe_worker_key(key, None)
 

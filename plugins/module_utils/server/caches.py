@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import PLAIN
 
 # (variable, sub-directory, what it holds). The sub-directory names are SGLang's own layout under SGLANG_CACHE_DIR
 # (sglang/srt/environ.py, third_party_cache_defaults), except FlashInfer's, which gets a folder of its own.
@@ -87,7 +88,7 @@ def free_bytes(path):
     return st.f_bavail * st.f_frsize
 
 
-def check_free(cache_dir, min_free_gb, var="sglang_server_cache_dir", min_var="sglang_server_cache_min_free_gb"):
+def check_free(cache_dir, min_free_gb, var="cache_dir", min_var="cache_min_free_gb"):
     """``(free_bytes, problem)``: a problem text when the cache directory's file system has less than the minimum."""
     if not cache_dir:
         return None, None
@@ -133,28 +134,28 @@ def tree_size(path, seconds=10.0):
     return total, files, True
 
 
-def describe(cache_dir, min_free_gb, operator_env):
+def describe(cache_dir, min_free_gb, operator_env, names=PLAIN):
     """The plan's ``cache`` entry: where each cache goes, what the operator kept, the current size and the free space."""
     added, kept = cache_env(cache_dir, operator_env)
     info = {"dir": cache_dir or "", "env": added, "kept": kept, "dirs": cache_dirs(cache_dir, added),
             "min_free_gb": min_free_gb, "free_bytes": None, "size_bytes": 0, "files": 0, "size_complete": True}
     if not cache_dir:
         return info, None
-    free, problem = check_free(cache_dir, min_free_gb)
+    free, problem = check_free(cache_dir, min_free_gb, names.of("cache_dir"), names.of("cache_min_free_gb"))
     info["free_bytes"] = free
     if os.path.isdir(cache_dir):
         info["size_bytes"], info["files"], info["size_complete"] = tree_size(cache_dir)
     return info, problem
 
 
-def summary_line(info):
+def summary_line(info, names=PLAIN):
     """One plan line about the caches."""
     if not info.get("dir"):
-        return "compile caches: SGLang's defaults (sglang_server_cache_dir is empty)"
+        return "compile caches: SGLang's defaults (%s is empty)" % names.of("cache_dir")
     line = "compile caches: %s, %s%.2f GiB in %d file(s)" % (
         info["dir"], "" if info.get("size_complete", True) else "at least ", info["size_bytes"] / float(GIB), info["files"])
     if info.get("free_bytes") is not None:
         line += ", %.1f GiB free" % (info["free_bytes"] / float(GIB))
     if info.get("kept"):
-        line += "; kept from sglang_server_env: %s" % ", ".join(info["kept"])
+        line += "; kept from %s: %s" % (names.of("env"), ", ".join(info["kept"]))
     return line

@@ -69,7 +69,7 @@ class LaunchPlan(object):
         for value in list(self.secret_args.values()) + list(self.secret_env.values()):
             if any(ch in str(value) for ch in "\r\n\0"):
                 self.blockers.append("a secret value (API key or secret env variable) contains a newline or NUL byte, which "
-                                     "no HTTP header and no config file can carry; fix sglang_server_api_key / sglang_server_env")
+                                     "no HTTP header and no config file can carry; fix %s / %s" % (self.names.of("api_key"), self.names.of("env")))
         return args
 
     def _place(self, args):
@@ -86,9 +86,9 @@ class LaunchPlan(object):
         try:
             self.port = int(args.get("port", DEFAULT_PORT))
             if not 0 < self.port < 65536:
-                self.blockers.append("sglang_server_args.port: %d is not a TCP port; give a port from 1 to 65535" % self.port)
+                self.blockers.append("%s: %d is not a TCP port; give a port from 1 to 65535" % (self.names.of("args", "port"), self.port))
         except (TypeError, ValueError):
-            self.blockers.append("sglang_server_args.port must be an integer from 1 to 65535, got %r" % (args.get("port"),))
+            self.blockers.append("%s must be an integer from 1 to 65535, got %r" % (self.names.of("args", "port"), args.get("port")))
         self.host = str(args.get("host") or DEFAULT_HOST)
         self.url = base_url(self.host, self.port, tls=bool(args.get("ssl_certfile")))
         self.args = args

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
@@ -54,6 +55,7 @@ class Launcher(LaunchPlan, ProcessControl, ServerLogs, HealthGate, ConfigCheck):
 
     def __init__(self, ctx, params, check_mode=False):
         self.ctx = ctx
+        self.names = names_mod.Names.of_module(ctx)
         self.p = with_defaults(params)
         self.check_mode = check_mode
         p = self.p

@@ -24,6 +24,7 @@ import shutil
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import oracle as oracle_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as resolve_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import versions as versions_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import PLAIN
 
 SOURCES = ("auto", "node", "mirror")
 
@@ -35,17 +36,17 @@ def _release(version):
         return None
 
 
-def version_mismatch(declared, answered, python):
+def version_mismatch(declared, answered, python, names=PLAIN):
     """The error line when the node's SGLang is another release than sglang_server_version, else None."""
     if not answered or _release(answered) is None or _release(answered) == _release(declared):
         return None
-    return ("sglang_server_version: %s, but %s has SGLang %s installed; set sglang_server_version: \"%s\" (flags, "
+    return ("%s: %s, but %s has SGLang %s installed; set %s: \"%s\" (flags, "
             "defaults and rules differ between releases, so the plan would describe another server)"
-            % (declared, python, answered, answered))
+            % (names.of("version"), declared, python, answered, names.of("version"), answered))
 
 
 def resolve_for_node(args, version, arch=None, policy="honor_draft_tokens", draft_arch=None, env=None, gpu=None,
-                     source="auto", python="python3", timeout=120.0):
+                     source="auto", python="python3", timeout=120.0, names=PLAIN):
     if source not in SOURCES:
         raise ValueError("resolution must be one of %s, got %r" % (", ".join(SOURCES), source))
     oracle = None
@@ -55,7 +56,8 @@ def resolve_for_node(args, version, arch=None, policy="honor_draft_tokens", draf
         python = found or python
     if source != "mirror":
         def ask_node(rendered):
-            return oracle_mod.resolve_on_node(python, rendered, version, gpu, env=env, timeout=timeout)
+            return oracle_mod.resolve_on_node(python, rendered, version, gpu, env=env, timeout=timeout,
+                                              python_label=names.of("python"))
         oracle = ask_node
     planned = resolve_mod.plan_resolution(args, version=version, arch=arch, policy=policy, gpu=gpu,
                                           draft_arch=draft_arch, env=env, oracle=oracle, oracle_policy=source)
@@ -74,7 +76,7 @@ def resolve_for_node(args, version, arch=None, policy="honor_draft_tokens", draf
     answer = planned.get("node")
     if answer:
         result["node_version"] = answer.get("sglang_version")
-        mismatch = version_mismatch(version, answer.get("sglang_version"), python)
+        mismatch = version_mismatch(version, answer.get("sglang_version"), python, names)
         if mismatch:
             result["errors"].insert(0, mismatch)
         result["timings"] = dict((k, answer.get(k)) for k in ("import_s", "resolve_s", "elapsed_s"))

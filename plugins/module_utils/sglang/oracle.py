@@ -85,7 +85,7 @@ def _kill(proc):
         pass
 
 
-def run_helper(python, request, timeout=DEFAULT_TIMEOUT, cwd=None, env=None):
+def run_helper(python, request, timeout=DEFAULT_TIMEOUT, cwd=None, env=None, python_label="python"):
     """Run the helper with ``python`` on ``request``; returns its decoded answer.
 
     Raises OracleUnavailable for a missing interpreter, a timeout (the process
@@ -96,8 +96,8 @@ def run_helper(python, request, timeout=DEFAULT_TIMEOUT, cwd=None, env=None):
     if not os.path.isabs(python):
         raise OracleUnavailable("%s: the interpreter must be an absolute path" % where)
     if not os.access(python, os.X_OK) or os.path.isdir(python):
-        raise OracleUnavailable("%s: no executable interpreter there; set the server's python (sglang_server_python) "
-                                "to the interpreter of the SGLang installation" % where)
+        raise OracleUnavailable("%s: no executable interpreter there; set the server's python (%s) "
+                                "to the interpreter of the SGLang installation" % (where, python_label))
     source = helper_source()
     child_env = dict(os.environ if env is None else env)
     child_env.pop("PYTHONSTARTUP", None)
@@ -147,7 +147,7 @@ def _masked(args):
     return out
 
 
-def resolve_on_node(python, args_or_argv, version, gpu, env=None, timeout=DEFAULT_TIMEOUT, cwd=None):
+def resolve_on_node(python, args_or_argv, version, gpu, env=None, timeout=DEFAULT_TIMEOUT, cwd=None, python_label="python"):
     """Resolve ``args_or_argv`` (a dict of args, rendered for ``version``, or an argv list) with the node's SGLang.
 
     ``gpu``: {name, compute_capability, memory_mib, count} as nvidia-smi reports
@@ -160,7 +160,7 @@ def resolve_on_node(python, args_or_argv, version, gpu, env=None, timeout=DEFAUL
     # SGLang the server will import.
     process_env = dict(os.environ)
     process_env.update(request["env"])
-    answer = run_helper(python, request, timeout=timeout, cwd=cwd, env=process_env)
+    answer = run_helper(python, request, timeout=timeout, cwd=cwd, env=process_env, python_label=python_label)
     if "args" not in answer or "ok" not in answer:
         raise OracleUnavailable("the node's SGLang at %s could not resolve the arguments: the helper's answer has no "
                                 "resolution (%r)" % (python, sorted(answer)))

@@ -21,6 +21,7 @@ field, the value, the node's facts where they matter and the fix.
 from __future__ import annotations
 
 import math
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import PLAIN
 
 # Sizes of the parallel layout: each is a positive integer when set (SGLang: "world size" factors).
 POSITIVE_INTS = ("tp_size", "pp_size", "dp_size", "ep_size", "nnodes", "attn_dp_size", "moe_dp_size", "attn_cp_size",
@@ -47,10 +48,6 @@ WHAT = {
     "node_rank": "this node's rank in a multi-node server",
     "base_gpu_id": "the first GPU index the server uses",
 }
-
-
-def _field(name):
-    return "sglang_server_args.%s" % name
 
 
 def as_int(value):
@@ -91,8 +88,9 @@ def as_number(value):
     return value, False
 
 
-def check_values(args):
+def check_values(args, names=PLAIN):
     """Types and ranges of the args as given, one message per bad field (SGLang would accept them)."""
+    _field = names.field_of("args")
     args = args or {}
     problems = []
     minimums = [(name, 1) for name in POSITIVE_INTS] + [(name, 0) for name in NON_NEGATIVE_INTS]
@@ -154,13 +152,14 @@ def gpus_per_node(args, nnodes=None):
     return total, (total // nodes if nodes >= 1 else total)
 
 
-def check_layout(args, target_gpus, node_gpu_count=None, nnodes=None, gpu_memory_mib=None, arch_known=True):
+def check_layout(args, target_gpus, node_gpu_count=None, nnodes=None, gpu_memory_mib=None, arch_known=True, names=PLAIN):
     """The resolved layout against the node: divisibility, the GPUs given, the GPUs the node has, the draft model.
 
     ``target_gpus``: the GPU indices the server is given (CUDA_VISIBLE_DEVICES); ``node_gpu_count``: the GPUs that
     answer on the node; ``nnodes``: the group's node count (the args' own when None). Call it only when
     :func:`check_values` found nothing (it assumes positive sizes).
     """
+    _field = names.field_of("args")
     args = args or {}
     problems = []
     nodes = int(nnodes) if nnodes else _get(args, "nnodes")
@@ -168,7 +167,7 @@ def check_layout(args, target_gpus, node_gpu_count=None, nnodes=None, gpu_memory
     rank = _get(args, "node_rank", 0)
     if nodes >= 1 and not 0 <= rank < nodes:
         problems.append("%s: %d is not a rank of a %d-node server (ranks 0 to %d); set node_rank per host in "
-                        "sglang_server_host_args" % (_field("node_rank"), rank, nodes, nodes - 1))
+                        "%s" % (_field("node_rank"), rank, nodes, nodes - 1, names.of("host_args")))
     if nodes > 1 and (tp * pp) % nodes:
         problems.append("%s: tp_size %d x pp_size %d does not split over %d nodes; SGLang stops with \"tp_size must be "
                         "divisible by number of nodes\"; use a tp_size that is a multiple of nnodes" % (
@@ -194,9 +193,9 @@ def check_layout(args, target_gpus, node_gpu_count=None, nnodes=None, gpu_memory
     if gpus and per_node >= 1 and base + (per_node - 1) * step >= len(gpus):
         problems.append("%s/%s: the server would use GPU indices %d to %d of CUDA_VISIBLE_DEVICES, which lists %d GPU(s) "
                         "(%s); SGLang fails with \"invalid device ordinal\". Drop base_gpu_id/gpu_id_step and choose the "
-                        "GPUs with sglang_server_cuda_visible_devices" % (
+                        "GPUs with %s" % (
                             _field("base_gpu_id"), "gpu_id_step", base, base + (per_node - 1) * step, len(gpus),
-                            ",".join(str(g) for g in gpus)))
+                            ",".join(str(g) for g in gpus), names.of("gpus")))
     algorithm = str(args.get("speculative_algorithm") or "").upper()
     if arch_known and algorithm in NEEDS_DRAFT and not args.get("speculative_draft_model_path"):
         problems.append("%s: speculative_algorithm %s needs a draft model, and this model has no MTP head that SGLang "

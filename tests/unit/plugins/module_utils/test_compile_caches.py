@@ -55,7 +55,7 @@ def test_an_empty_cache_dir_adds_nothing():
     assert caches.cache_dirs("", {}) == []
     info, problem = caches.describe("", 20, {})
     assert problem is None and info["env"] == {} and info["dirs"] == []
-    assert caches.summary_line(info) == "compile caches: SGLang's defaults (sglang_server_cache_dir is empty)"
+    assert caches.summary_line(info) == "compile caches: SGLang's defaults (cache_dir is empty)"
 
 
 class FakeStatvfs(object):
@@ -75,9 +75,9 @@ def test_free_space_below_the_minimum_is_a_problem_naming_both_variables(tmp_pat
     free, problem = caches.check_free(cache_dir, 20)
     assert seen == [str(tmp_path)]
     assert free == 5 * caches.GIB
-    assert problem == ("sglang_server_cache_dir: the file system of %s has 5.0 GiB free, less than "
-                       "sglang_server_cache_min_free_gb (20 GiB) that the compile caches may need; free some space there, "
-                       "point sglang_server_cache_dir at a larger file system, or lower sglang_server_cache_min_free_gb "
+    assert problem == ("cache_dir: the file system of %s has 5.0 GiB free, less than "
+                       "cache_min_free_gb (20 GiB) that the compile caches may need; free some space there, "
+                       "point cache_dir at a larger file system, or lower cache_min_free_gb "
                        "(0 turns the check off)" % tmp_path)
     assert not (tmp_path / "state").exists()                   # the check creates nothing
 
@@ -109,7 +109,7 @@ def test_describe_counts_the_caches_and_the_line_says_so(tmp_path, monkeypatch):
     assert problem is None
     assert info["size_bytes"] == 4000 and info["files"] == 2 and info["size_complete"] is True
     assert info["free_bytes"] == 50 * caches.GIB and info["kept"] == ["TRITON_CACHE_DIR"]
-    assert caches.summary_line(info) == ("compile caches: %s, 0.00 GiB in 2 file(s), 50.0 GiB free; kept from sglang_server_env: "
+    assert caches.summary_line(info) == ("compile caches: %s, 0.00 GiB in 2 file(s), 50.0 GiB free; kept from env: "
                                          "TRITON_CACHE_DIR" % root)
 
 

@@ -104,7 +104,7 @@ def test_configure_tls_is_the_default_of_later_requests(serve, certs):
 
 
 @pytest.mark.parametrize("name, ca, words", [
-    ("server", "other_ca", ["does not chain to a trusted CA", "set tls_ca_path", "sglang_server_tls_ca_path",
+    ("server", "other_ca", ["does not chain to a trusted CA", "set tls_ca_path to the CA bundle",
                             "CA bundle that signed the server's certificate"]),
     ("expired", "ca", ["certificate has expired", "renew the certificate"]),
     ("wrong_host", "ca", ["not valid for 127.0.0.1", "subjectAltName IP:127.0.0.1", "set the server's host arg"]),
@@ -115,6 +115,23 @@ def test_refused_certificates_name_the_fix(serve, certs, name, ca, words):
     assert info.value.kind == "tls" and isinstance(info.value, client.HTTPConnectionError)
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_a_refused_certificate_names_the_callers_label_for_the_option(serve, certs):
+    """configure_tls keeps the module's option_labels: the fix names what the caller calls tls_ca_path."""
+    url = serve("server")
+    try:
+        client.configure_tls(client.tls_settings({"tls_ca_path": certs["other_ca"],
+                                                  "option_labels": {"tls_ca_path": "sglang_server_tls_ca_path"}}))
+        with pytest.raises(client.TLSError) as info:
+            client.request("GET", url + "/x", timeout=5)
+        assert "set sglang_server_tls_ca_path to the CA bundle" in str(info.value), str(info.value)
+        client.configure_tls(client.tls_settings({"tls_ca_path": certs["other_ca"]}))
+        with pytest.raises(client.TLSError) as info:
+            client.request("GET", url + "/x", timeout=5)
+        assert "set tls_ca_path to the CA bundle" in str(info.value) and "sglang_" not in str(info.value)
+    finally:
+        client.configure_tls(None)
 
 
 def test_client_certificate_for_mutual_tls(serve, certs):

@@ -207,7 +207,7 @@ def test_a_newline_in_a_secret_is_refused_naming_the_variables(tmp_path, where, 
         {"args": {"model_path": "/m", "admin_api_key": bad}}
     launcher, blockers = planned(tmp_path, **extra)
     assert ("a secret value (API key or secret env variable) contains a newline or NUL byte, which no HTTP header and no "
-            "config file can carry; fix sglang_server_api_key / sglang_server_env") in blockers
+            "config file can carry; fix api_key / env") in blockers
     assert not any(bad in b for b in blockers)
 
 
@@ -221,7 +221,7 @@ def test_every_blocker_is_reported_together(tmp_path):
                  "python: /nonexistent/python is not an executable file", "chdir: %s is not a directory" % (tmp_path / "nowhere")):
         assert part in text, part
     launcher, blockers = planned(tmp_path, args={"model_path": "/m", "port": "http"})
-    assert "sglang_server_args.port must be an integer from 1 to 65535, got 'http'" in blockers
+    assert "args.port must be an integer from 1 to 65535, got 'http'" in blockers
 
 
 def test_hosts_urls_and_argv_helpers():

@@ -253,7 +253,7 @@ def test_module_on_warns_when_stopped_at_the_budget(disk_dir, monkeypatch, no_pr
     p = res["prefetch"]
     assert p["stopped"] == "budget" and p["bytes_read"] == MIB and p["budget_bytes"] == MIB
     assert "stopped at the memory budget" in p["line"]
-    assert any(w.startswith("sglang_server_prefetch on: stopped at the memory budget") and "sglang_server_prefetch_max_gb" in w
+    assert any(w.startswith("mode on: stopped at the memory budget") and "raise max_gb or" in w
                for w in res["warnings"]), res["warnings"]
 
 
@@ -263,11 +263,12 @@ def test_module_without_budget_reads_nothing(disk_dir, monkeypatch, no_priority)
     res = run_module(sglang_prefetch, {"paths": [disk_dir], "mode": "on"}, monkeypatch)
     assert res["prefetch"]["bytes_read"] == 0
     assert res["prefetch"]["skipped_why"].startswith("no memory budget")
-    assert res["warnings"] == ["sglang_server_prefetch on: nothing was read: " + res["prefetch"]["skipped_why"]]
+    assert res["warnings"] == ["mode on: nothing was read: " + res["prefetch"]["skipped_why"]]
 
 
 @pytest.mark.parametrize("args, check, why", [
-    ({"mode": "off"}, False, "sglang_server_prefetch is off"),
+    ({"mode": "off"}, False, "mode is off"),
+    ({"mode": "off", "option_labels": {"mode": "sglang_server_prefetch"}}, False, "sglang_server_prefetch is off"),
     ({}, True, "check mode"),
 ])
 def test_module_off_and_check_mode_read_nothing(disk_dir, monkeypatch, args, check, why):
@@ -278,9 +279,16 @@ def test_module_off_and_check_mode_read_nothing(disk_dir, monkeypatch, args, che
     assert res["prefetch"]["skipped_why"] == why and res["prefetch"]["line"] == "prefetch: skipped, " + why
 
 
+ROLE_LABELS = {"mode": "sglang_server_prefetch", "timeout": "sglang_server_prefetch_timeout",
+               "reserve_percent": "sglang_server_prefetch_reserve_percent"}
+
+
 @pytest.mark.parametrize("args, field", [
-    ({"timeout": -1}, "sglang_server_prefetch_timeout: -1.0 is negative"),
-    ({"reserve_percent": 150}, "sglang_server_prefetch_reserve_percent: 150.0 is not between 0 and 100"),
+    ({"timeout": -1}, "timeout: -1.0 is negative"),
+    ({"reserve_percent": 150}, "reserve_percent: 150.0 is not between 0 and 100"),
+    # With the role's option_labels, the role's variables.
+    ({"timeout": -1, "option_labels": ROLE_LABELS}, "sglang_server_prefetch_timeout: -1.0 is negative"),
+    ({"reserve_percent": 150, "option_labels": ROLE_LABELS}, "sglang_server_prefetch_reserve_percent: 150.0 is not between"),
 ])
 def test_module_refuses_bad_settings(disk_dir, monkeypatch, args, field):
     monkeypatch.setattr(pf, "prefetch", lambda *a, **k: pytest.fail("prefetch ran"))

@@ -267,8 +267,8 @@ def test_classify_every_kind(listener):
 def test_classify_reasons():
     by_pid, dummy = classify(table(), dict((pid, {0}) for pid in EXPECTED))
     assert "recorded session %d" % (B + 200) in by_pid[B + 201]["why"]
-    assert "sglang_adopt_patterns" in by_pid[B + 400]["why"] and "sglang_adopt_patterns" in by_pid[B + 451]["why"]
-    assert "sglang_adopt_pids" in by_pid[B + 300]["why"]
+    assert "matches adopt_patterns" in by_pid[B + 400]["why"] and "matches adopt_patterns" in by_pid[B + 451]["why"]
+    assert "named by adopt_pids)" in by_pid[B + 300]["why"]
     assert ("session leader %d is gone" % (B + 500)) in by_pid[B + 501]["why"]
     assert "never signalled" in by_pid[B + 600]["why"]
     assert "exited" in by_pid[B + 900]["why"] and by_pid[B + 900]["user"] is None
@@ -321,7 +321,7 @@ def test_compile_patterns_reports_each_bad_one():
     compiled, problems = pf.compile_patterns(["(unclosed", "ok", "[z-a]"])
     assert [c.pattern for c in compiled] == ["ok"]
     assert len(problems) == 2
-    assert all(p.startswith("sglang_adopt_patterns:") for p in problems)
+    assert all(p.startswith("adopt_patterns:") for p in problems)
     assert "'(unclosed'" in problems[0] and "'[z-a]'" in problems[1]
 
 

@@ -33,7 +33,7 @@ def test_sizes_at_one_pass_and_below_are_refused(field, version):
     for bad in (0, -1, "-1", 1.5, "two", True):
         problems = full_check({field: bad}, version)
         assert len(problems) == 1, (bad, problems)
-        assert problems[0].startswith("sglang_server_args.%s: must be an integer >= 1, got %r" % (field, bad))
+        assert problems[0].startswith("args.%s: must be an integer >= 1, got %r" % (field, bad))
         assert "set a positive integer" in problems[0]
 
 
@@ -45,8 +45,8 @@ def test_numbers_as_ansible_passes_them(value):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_node_rank_and_base_gpu_id_start_at_zero(version):
     assert full_check({"base_gpu_id": 0}, version) == []
-    assert full_check({"node_rank": -1}, version)[0].startswith("sglang_server_args.node_rank: must be an integer >= 0, got -1")
-    assert full_check({"base_gpu_id": -1}, version)[0].startswith("sglang_server_args.base_gpu_id: must be an integer >= 0")
+    assert full_check({"node_rank": -1}, version)[0].startswith("args.node_rank: must be an integer >= 0, got -1")
+    assert full_check({"base_gpu_id": -1}, version)[0].startswith("args.base_gpu_id: must be an integer >= 0")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -58,7 +58,7 @@ def test_mem_fraction_static_is_an_open_fraction(value, ok, version):
         assert problems == []
     else:
         assert len(problems) == 1
-        assert problems[0].startswith("sglang_server_args.mem_fraction_static: must be a fraction between 0 and 1")
+        assert problems[0].startswith("args.mem_fraction_static: must be a fraction between 0 and 1")
         assert "typical values are 0.8 to 0.9" in problems[0]
 
 
@@ -67,9 +67,9 @@ def test_ports_in_range_and_distinct(version):
     assert full_check({"port": 1}, version) == []
     assert full_check({"port": 65535}, version) == []
     for bad in (0, 65536, -5, "http"):
-        assert full_check({"port": bad}, version)[0].startswith("sglang_server_args.port: must be a TCP port between 1 and 65535")
+        assert full_check({"port": bad}, version)[0].startswith("args.port: must be a TCP port between 1 and 65535")
     problems = full_check({"port": 30000, "nccl_port": 30000}, version)
-    assert problems == ["sglang_server_args.port and sglang_server_args.nccl_port: all use port 30000; the second bind "
+    assert problems == ["args.port and args.nccl_port: all use port 30000; the second bind "
                         "fails with \"Address already in use\" at launch; give each its own port"]
     assert full_check({"port": 30000, "nccl_port": 30001}, version) == []
 
@@ -80,7 +80,7 @@ def test_layout_against_the_node_gpu_count(version):
     assert full_check({"tp_size": 8}, version) == []
     problems = full_check({"tp_size": 16}, version, gpus=[str(i) for i in range(16)])
     assert len(problems) == 1
-    assert problems[0].startswith("sglang_server_args.tp_size: the layout needs 16 GPU(s) per node (tp_size 16 x pp_size 1)")
+    assert problems[0].startswith("args.tp_size: the layout needs 16 GPU(s) per node (tp_size 16 x pp_size 1)")
     assert "this node has 8 GPU(s), 143771 MiB each" in problems[0]
     assert full_check({"tp_size": 16, "nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:5000"}, version, nnodes=2) == []
     # tp 4 x pp 2 = 8 fits; tp 4 x pp 4 = 16 does not.
@@ -93,21 +93,21 @@ def test_node_rank_within_the_group(version):
     args = {"tp_size": 16, "nnodes": 2, "dist_init_addr": "10.0.0.1:5000"}
     assert full_check(dict(args, node_rank=1), version, nnodes=2) == []
     problems = full_check(dict(args, node_rank=2), version, nnodes=2)
-    assert problems == ["sglang_server_args.node_rank: 2 is not a rank of a 2-node server (ranks 0 to 1); set node_rank "
-                        "per host in sglang_server_host_args"]
+    assert problems == ["args.node_rank: 2 is not a rank of a 2-node server (ranks 0 to 1); set node_rank "
+                        "per host in host_args"]
 
 
 def test_tp_pp_must_split_over_the_nodes():
     # SGLang asserts it too (check_server_args), so the resolution may stop first; the check itself:
     assert serving.check_layout({"tp_size": 4, "nnodes": 2}, ["0", "1"], node_gpu_count=8) == []
     problems = serving.check_layout({"tp_size": 3, "nnodes": 2}, ["0"], node_gpu_count=8)
-    assert problems[0].startswith("sglang_server_args.tp_size: tp_size 3 x pp_size 1 does not split over 2 nodes")
+    assert problems[0].startswith("args.tp_size: tp_size 3 x pp_size 1 does not split over 2 nodes")
 
 
 def test_attention_dp_width_divides_tp():
     assert serving.check_layout({"tp_size": 8, "dp_size": 4, "enable_dp_attention": True}, EIGHT, node_gpu_count=8) == []
     problems = serving.check_layout({"tp_size": 8, "dp_size": 3, "enable_dp_attention": True}, EIGHT, node_gpu_count=8)
-    assert problems == ["sglang_server_args.dp_size: the attention-DP width 3 does not divide tp_size 8; SGLang asserts "
+    assert problems == ["args.dp_size: the attention-DP width 3 does not divide tp_size 8; SGLang asserts "
                         "tp_size % dp == 0 at startup; use a width that divides tp_size"]
     assert "attn_dp_size: the attention-DP width 3" in serving.check_layout(
         {"tp_size": 8, "attn_dp_size": 3}, EIGHT, node_gpu_count=8)[0]
@@ -117,13 +117,13 @@ def test_moe_dense_tp_size_is_one_or_tp():
     for ok in (None, 1, 8):
         assert serving.check_layout({"tp_size": 8, "moe_dense_tp_size": ok}, EIGHT, node_gpu_count=8) == []
     problems = serving.check_layout({"tp_size": 8, "moe_dense_tp_size": 2}, EIGHT, node_gpu_count=8)
-    assert problems == ["sglang_server_args.moe_dense_tp_size: must be 1 or tp_size (8), got 2; SGLang supports only those"]
+    assert problems == ["args.moe_dense_tp_size: must be 1 or tp_size (8), got 2; SGLang supports only those"]
 
 
 def test_base_gpu_id_within_the_visible_gpus():
     assert serving.check_layout({"tp_size": 2, "base_gpu_id": 0}, ["4", "5"], node_gpu_count=8) == []
     problems = serving.check_layout({"tp_size": 2, "base_gpu_id": 1}, ["4", "5"], node_gpu_count=8)
-    assert problems[0].startswith("sglang_server_args.base_gpu_id/gpu_id_step: the server would use GPU indices 1 to 2 of "
+    assert problems[0].startswith("args.base_gpu_id/gpu_id_step: the server would use GPU indices 1 to 2 of "
                                   "CUDA_VISIBLE_DEVICES, which lists 2 GPU(s) (4,5)")
     assert serving.check_layout({"tp_size": 2, "gpu_id_step": 2}, ["0", "1", "2"], node_gpu_count=8) == []
     assert serving.check_layout({"tp_size": 2, "gpu_id_step": 2}, ["0", "1"], node_gpu_count=8)
@@ -135,7 +135,7 @@ def test_eagle_needs_a_draft_model_unless_the_model_has_an_mtp_head(version):
             "speculative_num_draft_tokens": 2}
     problems = full_check(spec, version)
     assert len(problems) == 1
-    assert problems[0].startswith("sglang_server_args.speculative_draft_model_path: speculative_algorithm EAGLE3 needs a "
+    assert problems[0].startswith("args.speculative_draft_model_path: speculative_algorithm EAGLE3 needs a "
                                   "draft model")
     assert full_check(dict(spec, speculative_draft_model_path="/models/draft"), version) == []
     # DeepSeek-V3 has an MTP head: SGLang fills the draft path in with the model path, and so does the resolution.

@@ -153,14 +153,14 @@ def test_check_gpu_layout_fits():
 
 def test_check_gpu_layout_explicit_names_cuda_visible_devices():
     msg = settings.check_gpu_layout({"tp_size": 4}, [0, 1], explicit=True)
-    assert msg.startswith("sglang_server_cuda_visible_devices:")
+    assert msg.startswith("gpus:")
     assert "tp_size 4" in msg and "needs 4 GPU(s)" in msg and "0,1" in msg and "lists 2" in msg
 
 
 def test_check_gpu_layout_not_explicit_names_server_args():
     msg = settings.check_gpu_layout({"tp_size": 2, "pp_size": 2}, [0, 1, 2, 3, 4, 5, 6, 7])
-    assert msg.startswith("sglang_server_args:")
-    assert "sglang_server_cuda_visible_devices" not in msg
+    assert msg.startswith("args:")
+    assert "gpus" not in msg
     assert "tp_size 2 x pp_size 2" in msg and "needs 4" in msg and "8 are targeted" in msg
 
 

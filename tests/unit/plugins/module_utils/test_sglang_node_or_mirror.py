@@ -99,8 +99,8 @@ def test_mirror_never_asks_the_node(model, tmp_path):
 def test_another_release_on_the_node_is_named_before_anything_is_touched(model, server_env):
     res = _resolve(model, dict(server_env, SGLANG_SIM_VERSION="0.5.10"))
     assert res["node_version"] == "0.5.10"
-    assert res["errors"][0].startswith("sglang_server_version: 0.5.23, but %s has SGLang 0.5.10 installed; "
-                                       "set sglang_server_version: \"0.5.10\"" % sys.executable), res["errors"]
+    assert res["errors"][0].startswith("version: 0.5.23, but %s has SGLang 0.5.10 installed; "
+                                       "set version: \"0.5.10\"" % sys.executable), res["errors"]
 
 
 def test_a_post_release_of_the_same_version_is_the_same_release():

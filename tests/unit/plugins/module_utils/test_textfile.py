@@ -152,6 +152,10 @@ def test_write_is_atomic_0644_and_leaves_no_temporary(tmp_path):
 def test_write_refuses_bad_paths_naming_the_variable(path, words):
     with pytest.raises(textfile_mod.TextfileError) as info:
         textfile_mod.write(path, "a 1\n")
+    assert str(info.value).startswith(("path ", "the directory")) and words in str(info.value)
+    assert "sglang_" not in str(info.value)
+    with pytest.raises(textfile_mod.TextfileError) as info:
+        textfile_mod.write(path, "a 1\n", label="sglang_textfile_path")
     assert "sglang_textfile_path" in str(info.value) and words in str(info.value)
 
 
@@ -206,7 +210,10 @@ def test_module_on_error_warn_and_fail(tmp_path, monkeypatch):
     assert warned["failed"] is False and "does not exist" in warned["textfile_error"], warned
     assert warned["warnings"] == [warned["textfile_error"]]
     failed = run_module(sglang_textfile, dict(path=missing, status="failed"), monkeypatch)
-    assert failed["failed"] is True and "sglang_textfile_path" in failed["msg"], failed
+    assert failed["failed"] is True and "of path does not exist" in failed["msg"], failed
+    labelled = run_module(sglang_textfile, dict(path=missing, status="failed", option_labels={"path": "sglang_textfile_path"}),
+                          monkeypatch)
+    assert labelled["failed"] is True and "of sglang_textfile_path does not exist" in labelled["msg"], labelled
 
 
 @pytest.mark.parametrize("text", ["a 1", "# HELP a x\n# TYPE a gauge\na{b=\"c\"} one\n", "# HELP a x\na 1\n",

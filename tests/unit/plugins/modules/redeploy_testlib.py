@@ -25,6 +25,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
@@ -36,6 +37,10 @@ REPO = pathlib.Path(__file__).resolve().parents[4]
 SIM_BIN = REPO / "simulator" / "bin"
 SIM_PY = REPO / "simulator" / "python"
 NVIDIA_SMI = str(SIM_BIN / "nvidia-smi")
+# The option_labels the sglang_server role gives its modules (roles/sglang_server/vars/main.yml): a module run with
+# them names the role's variables, as a playbook shows them.
+with open(REPO / "roles" / "sglang_server" / "vars" / "main.yml") as _vars:
+    ROLE_LABELS = yaml.safe_load(_vars)["_sglang_server_option_labels"]
 
 # tests/integration/playbook_helpers.py FAST_SERVER_ENV: short load, warmup, shutdown and poll intervals.
 FAST_SERVER_ENV = {

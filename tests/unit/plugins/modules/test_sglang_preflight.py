@@ -36,7 +36,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpusim.checkpoint import write_checkpoint  # noqa: E402 - the shared writer
-from redeploy_testlib import NVIDIA_SMI, SIM_PY, node_context, run_module, starttime  # noqa: E402 - after sys.path
+from redeploy_testlib import NVIDIA_SMI, ROLE_LABELS, SIM_PY, node_context, run_module, starttime  # noqa: E402 - after sys.path
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
@@ -67,6 +67,9 @@ def run(node, monkeypatch):
             "nvidia_smi": NVIDIA_SMI, "backend": "nvidia-smi", "device_paths": [str(node.root / "dev" / "nvidia*")],
             "resolution": "mirror", "python": sys.executable, "manager": "process",
             "lease": {"path": str(node.lease_path), "run_id": "R1"},
+            # As the sglang_server role passes them, so the messages name its variables (the module alone names its
+            # options: test_a_module_used_directly_names_its_options).
+            "option_labels": ROLE_LABELS,
         }
         args.update(options)
         return run_module(pf, args, monkeypatch, check=check)
@@ -283,6 +286,24 @@ def test_model_problems_name_the_variable(node, run):
             "this node; copy the draft model there or fix the path" % empty) in res["problems"]
     res = run(args={"port": node.port}, check=True)
     assert "sglang_server_args.model_path: not set; give the model directory on the node" in res["problems"]
+
+
+def test_a_module_used_directly_names_its_options(node, run):
+    """Without option_labels (ad-hoc use) the messages name the module's options, never a role's variables; with
+    them, the caller's names (issue 23)."""
+    bad = {"model_path": str(node.tmp / "nope"), "tp_size": -1, "port": node.port}
+    plain = run(args=bad, option_labels={}, cache_dir="relative", check=True)
+    assert ("args.model_path: %s does not exist or is not a directory on this node; copy the model there or fix "
+            "the path" % (node.tmp / "nope")) in plain["problems"], plain["problems"]
+    assert any(p.startswith("args.tp_size: must be an integer >= 1, got -1") for p in plain["problems"]), plain["problems"]
+    assert any(p.startswith("cache_dir must be an absolute path, got 'relative'") for p in plain["problems"])
+    assert not [p for p in plain["problems"] if "sglang_" in p], plain["problems"]
+    labelled = run(args=bad, option_labels={"args": "my_args", "cache_dir": "my_cache"}, cache_dir="relative", check=True)
+    assert any(p.startswith("my_args.tp_size: must be an integer >= 1, got -1") for p in labelled["problems"])
+    assert any(p.startswith("my_cache must be an absolute path") for p in labelled["problems"]), labelled["problems"]
+    role = run(args=bad, cache_dir="relative", check=True)
+    assert any(p.startswith("sglang_server_args.tp_size: must be an integer >= 1, got -1") for p in role["problems"])
+    assert any(p.startswith("sglang_server_cache_dir must be an absolute path") for p in role["problems"])
 
 
 def test_a_failure_at_verbosity_0_is_short_and_starts_with_the_message(node, run):

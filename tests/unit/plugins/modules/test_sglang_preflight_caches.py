@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from redeploy_testlib import NVIDIA_SMI, node_context, run_module  # noqa: E402 - after sys.path
+from redeploy_testlib import NVIDIA_SMI, ROLE_LABELS, node_context, run_module  # noqa: E402 - after sys.path
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import preflight as plan_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import caches
@@ -36,6 +36,7 @@ def run(node, monkeypatch):
             "lease": {"path": str(node.lease_path), "run_id": "R1"},
             # -v: the whole result (plan and node); at verbosity 0 a failure returns only what the roles read.
             "_ansible_verbosity": 1,
+            "option_labels": ROLE_LABELS,       # as the role runs it: the messages name its variables
         }
         args.update(options)
         return run_module(pf, args, monkeypatch, check=check)
