@@ -27,6 +27,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import su
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import procfs
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import containers
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import overlap
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
@@ -717,6 +718,11 @@ class Preflight(object):
             "private_env": sorted(str(k) for k in (p["env"] or {}) if secret_rules.is_secret_name(str(k))),
             # The compile caches: the variables added to the env, the directories to create, size and free space.
             "cache": self.cache_info,
+            # Room for the new server beside the old one (redeploy/overlap.py; the controller picks the path).
+            "overlap": overlap.node_facts(found["current"], found["running"], running_record, found["port_owner"],
+                                          self.node.get("all_gpus"), p["gpus"], launcher.port,
+                                          (p["settings"] or {}).get("gpu_verify_max_used_mib") or 16,
+                                          probe=overlap.health_probe(launcher.api_key)),
         }
         # A real run changes the node when it takes the lease for an action; check mode says whether one would.
         changes = decision["action"] != identity.NONE and not self.problems

@@ -1,0 +1,103 @@
+"""module_utils/redeploy/overlap.py: the node's facts about room for a second server, and the path decision."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import overlap
+
+
+def gpu(index, used=0, pids=()):
+    return {"index": index, "used_mib": used, "processes": [{"pid": p} for p in pids]}
+
+
+NODE = [gpu(0, 60000, [100]), gpu(1, 60000, [101]), gpu(2, 3), gpu(3, 3)]
+CURRENT = {"pid": 99, "record": {"pid": 99, "port": 30000, "url": "http://127.0.0.1:30000"}}
+RUNNING = {"pid": 99, "healthy": True}
+RECORD = {"cuda_visible_devices": "0,1"}
+
+
+def facts(**over):
+    args = dict(current=CURRENT, running=RUNNING, running_record=RECORD, port_owner=None, node_gpus=NODE,
+                new_gpus=["2", "3"], new_port=30001, max_used_mib=16, probe=lambda url: url == "http://127.0.0.1:30000")
+    args.update(over)
+    return overlap.node_facts(**args)
+
+
+def decide(f=None, **over):
+    args = dict(setting="auto", facts=f if f is not None else facts(), action="restart", router_url="http://r:1")
+    args.update(over)
+    return overlap.decide(**args)
+
+
+def test_facts_of_a_node_with_room():
+    f = facts()
+    assert f["old_managed"] is True and f["old_pid"] == 99
+    assert f["old_gpus"] == ["0", "1"] and f["old_port"] == 30000 and f["old_url"] == "http://127.0.0.1:30000"
+    assert f["new_gpus"] == ["2", "3"] and f["new_gpus_busy"] == [] and f["new_port_free"] is True
+
+
+def test_busy_gpus_are_named_with_their_holder_or_memory():
+    f = facts(node_gpus=[gpu(0, 60000, [100]), gpu(1, 60000, [101]), gpu(2, 0, [555]), gpu(3, 900)])
+    assert f["new_gpus_busy"][0] == "2 (held by PID 555)"
+    assert "3 (900 MiB used" in f["new_gpus_busy"][1]
+    assert facts(new_gpus="2,7")["new_gpus_busy"] == ["7 (not on this node)"]
+
+
+def test_an_unrecorded_server_is_not_managed():
+    f = facts(current={"pid": 99, "record": {"pid": 98}})
+    assert f["old_managed"] is False and f["old_gpus"] == [] and f["old_port"] is None
+
+
+def test_overlap_when_everything_holds():
+    got = decide()
+    assert got["path"] == "overlap" and got["reasons"] == []
+    assert "GPUs 2,3 and port 30001 are free beside the old server (PID 99, GPUs 0,1, port 30000)" in got["why"]
+
+
+def test_off_and_actions_without_a_new_server_stay_in_place():
+    assert decide(setting="off")["path"] == "in_place"
+    assert decide(setting=None)["why"] == "sglang_redeploy_overlap is off"
+    assert decide(action="weights")["path"] == "in_place"
+    assert decide(action="none")["path"] == "in_place"
+
+
+def test_a_bad_setting_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"sglang_redeploy_overlap must be one of off, auto, got 'yes'"):
+        decide(setting="yes")
+
+
+@pytest.mark.parametrize("over, reason", [
+    ({"router_url": ""}, "no router to switch clients"),
+    ({"worker_url": "http://w:1"}, "sglang_router_worker_url is set"),
+    ({"multinode": True}, "multi-node"),
+    ({"pd_role": "prefill"}, "prefill/decode (prefill)"),
+    ({"manager": "systemd"}, "the systemd manager runs one unit per server name"),
+    ({"recovering": True}, "did not finish"),
+])
+def test_each_setting_condition_refuses_with_its_reason(over, reason):
+    got = decide(**over)
+    assert got["path"] == "in_place"
+    assert reason in got["why"] and got["why"].startswith("overlap refused: ") and got["why"].endswith("; in place")
+
+
+@pytest.mark.parametrize("over, reason", [
+    ({"new_gpus": ["1", "2"]}, "the new config's GPUs 1,2 overlap the old server's GPUs 0,1"),
+    ({"new_port": 30000}, "the new config listens on the old server's port 30000"),
+    ({"port_owner": {"pid": 7}}, "the new port 30001 is in use"),
+    ({"probe": lambda url: False}, "does not answer /health"),
+    ({"probe": None}, "does not answer /health"),
+    ({"running_record": {}}, "the old server's GPUs are not in its launch record"),
+    ({"running": None}, "no managed server runs"),
+    ({"node_gpus": [gpu(0), gpu(1), gpu(2, 0, [7]), gpu(3)]}, "the new config's GPUs are not free: 2 (held by PID 7)"),
+])
+def test_each_node_condition_refuses_with_its_reason(over, reason):
+    got = decide(facts(**over))
+    assert got["path"] == "in_place"
+    assert any(reason in r for r in got["reasons"]), got
+
+
+def test_every_failed_condition_is_listed_the_first_is_why():
+    got = decide(facts(new_gpus=["0", "1"], new_port=30000), router_url="")
+    assert len(got["reasons"]) >= 3
+    assert got["why"] == "overlap refused: %s; in place" % got["reasons"][0]
+    assert "no router" in got["reasons"][0]
