@@ -1,8 +1,16 @@
 """module_utils/redeploy/overlap.py: the node's facts about room for a second server, and the path decision."""
 from __future__ import annotations
 
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
 import pytest
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import overlap
 
 
@@ -101,3 +109,55 @@ def test_every_failed_condition_is_listed_the_first_is_why():
     assert len(got["reasons"]) >= 3
     assert got["why"] == "overlap refused: %s; in place" % got["reasons"][0]
     assert "no router" in got["reasons"][0]
+
+
+def write_kept(tmp_path, pid, start):
+    (tmp_path / overlap.KEPT_STATE).write_text(json.dumps({"pid": pid, "starttime": start, "port": 30000,
+                                                            "url": "http://127.0.0.1:30000"}))
+
+
+def test_an_interrupted_overlap_with_the_old_server_running_is_a_problem_that_says_what_to_do(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        write_kept(tmp_path, proc.pid, sp.starttime(proc.pid))
+        got = overlap.leftover(str(tmp_path), current_pid=4242)
+        assert len(got) == 1
+        assert "old server PID %d (port 30000" % proc.pid in got[0] and "(PID 4242)" in got[0]
+        assert "kill -TERM %d" % proc.pid in got[0] and str(tmp_path / overlap.KEPT_STATE) in got[0]
+        # The server the records name now is the kept one: nothing left over.
+        assert overlap.leftover(str(tmp_path), current_pid=proc.pid) == []
+    finally:
+        proc.kill()
+        proc.wait()
+    # Its server is gone (or the PID was reused by another process): a stale copy says nothing.
+    assert overlap.leftover(str(tmp_path), current_pid=4242) == []
+    write_kept(tmp_path, os.getpid(), 1)
+    assert overlap.leftover(str(tmp_path), current_pid=4242) == []
+
+
+def test_no_kept_copy_no_problem(tmp_path):
+    assert overlap.leftover(str(tmp_path), 1) == []
+    assert overlap.leftover(None, 1) == []
+
+
+def test_health_probe_reads_the_url_given():
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        probe = overlap.health_probe()
+        assert probe("http://127.0.0.1:%d" % srv.server_port) is True
+        port = srv.server_port
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert probe("http://127.0.0.1:%d" % port) is False

@@ -17,9 +17,14 @@ Two halves, both pure functions (tests/unit/test_overlap.py):
 
 from __future__ import annotations
 
+import os
+
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 
 SETTINGS = ("off", "auto")
+# The copy of the old server's state file that roles/sglang_redeploy/tasks/overlap.yml keeps while both servers run.
+KEPT_STATE = "overlap-old.server.state.json"
 OVERLAP = "overlap"
 IN_PLACE = "in_place"
 
@@ -148,3 +153,24 @@ def decide(setting, facts, action, router_url="", worker_url="", manager="proces
                                         ",".join(facts["old_gpus"]), facts["old_port"]),
             "reasons": []}
 
+
+
+def leftover(state_dir, current_pid=None):
+    """Problems (texts) of an overlap that did not finish: overlap.yml keeps a copy of the old server's records
+    while the candidate runs beside it, and removes it when the old server was stopped or the failed candidate
+    was; a copy whose server still runs (same PID and start time) and is not the server the records name now
+    means a run was interrupted with two servers up. A copy whose server is gone is stale and says nothing."""
+    path = os.path.join(state_dir or "", KEPT_STATE)
+    kept = sp.read_state(path) if state_dir else None
+    if not kept or not kept.get("pid"):
+        return []
+    pid = kept["pid"]
+    if pid == current_pid or not sp.alive(pid, kept.get("starttime")):
+        return []
+    return ["an overlap redeploy did not finish: the old server PID %s (port %s, %s) still runs beside the server "
+            "the node's records name now (PID %s), and the router may list both. Keep one: take the other's worker "
+            "out of the router, stop it by its PID (kill -TERM %s for the old one; SGLang drains on SIGTERM), "
+            "delete %s and %s (to keep the old server instead, copy them back over server.state.json and server.pid "
+            "after stopping the new one), then run the redeploy again (nothing was touched)"
+            % (pid, kept.get("port"), kept.get("url"), current_pid or "none", pid, path,
+               os.path.join(state_dir, "overlap-old.server.pid"))]

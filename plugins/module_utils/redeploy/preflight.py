@@ -663,6 +663,8 @@ class Preflight(object):
         directories = [inspect_directory(d, mode, p["directory_owner"], p["directory_group"]) for d in wanted]
         self.node.update(probes=probes, directories=directories)
         found = self.inspect_server(launcher, selected)
+        for text in overlap.leftover(p["state_dir"], found["current"].get("pid")):
+            self.problem(text)
         entry = journal_mod.read(journal_mod.path_for(p["state_dir"]))
         kg = self.known_good(manager)
         decision = identity.decide(launcher.fp, found["running"], kg.get("fingerprint"), entry, p["force"])
