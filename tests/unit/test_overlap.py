@@ -39,7 +39,7 @@ def decide(f=None, **over):
 
 def test_facts_of_a_node_with_room():
     f = facts()
-    assert f["old_managed"] is True and f["old_pid"] == 99
+    assert f["old_pid"] == 99
     assert f["old_gpus"] == ["0", "1"] and f["old_port"] == 30000 and f["old_url"] == "http://127.0.0.1:30000"
     assert f["new_gpus"] == ["2", "3"] and f["new_gpus_busy"] == [] and f["new_port_free"] is True
 
@@ -53,7 +53,7 @@ def test_busy_gpus_are_named_with_their_holder_or_memory():
 
 def test_an_unrecorded_server_is_not_managed():
     f = facts(current={"pid": 99, "record": {"pid": 98}})
-    assert f["old_managed"] is False and f["old_gpus"] == [] and f["old_port"] is None
+    assert f["old_pid"] is None and f["old_gpus"] == [] and f["old_port"] is None
 
 
 def test_overlap_when_everything_holds():
@@ -64,7 +64,7 @@ def test_overlap_when_everything_holds():
 
 def test_off_and_actions_without_a_new_server_stay_in_place():
     assert decide(setting="off")["path"] == "in_place"
-    assert decide(setting=None)["why"] == "sglang_redeploy_overlap is off"
+    assert decide(setting=None)["why"] == "sglang_redeploy_overlap is off; in place"
     assert decide(action="weights")["path"] == "in_place"
     assert decide(action="none")["path"] == "in_place"
 

@@ -84,7 +84,6 @@ def node_facts(current, running, running_record, port_owner, node_gpus, new_gpus
                                                                          max_used_mib))
     return {
         "old_pid": old_pid if managed else None,
-        "old_managed": managed,
         "old_healthy": (probe(state["url"]) if probe and managed and state.get("url") else None),
         "old_port": state.get("port") if managed else None,
         "old_url": state.get("url") if managed else None,
@@ -93,7 +92,6 @@ def node_facts(current, running, running_record, port_owner, node_gpus, new_gpus
         "new_port": new_port,
         "new_port_free": port_owner is None,
         "new_gpus_busy": busy,
-        "max_used_mib": max_used_mib,
     }
 
 
@@ -107,9 +105,9 @@ def decide(setting, facts, action, router_url="", worker_url="", manager="proces
         raise ValueError("sglang_redeploy_overlap must be one of %s, got %r; set it to auto (overlap when the node has "
                          "room for both servers) or off (always in place)" % (", ".join(SETTINGS), setting))
     if setting == "off":
-        return {"path": IN_PLACE, "why": "sglang_redeploy_overlap is off", "reasons": ["sglang_redeploy_overlap is off"]}
+        return {"path": IN_PLACE, "why": "sglang_redeploy_overlap is off; in place", "reasons": ["sglang_redeploy_overlap is off"]}
     if action not in ("start", "restart"):
-        return {"path": IN_PLACE, "why": "the action is %s, which starts no new server" % action, "reasons": []}
+        return {"path": IN_PLACE, "why": "the action is %s, which starts no new server; in place" % action, "reasons": []}
     reasons = []
     if not str(router_url or "").strip():
         reasons.append("no router to switch clients (sglang_router_url is empty): the new server cannot take the old "
@@ -126,7 +124,7 @@ def decide(setting, facts, action, router_url="", worker_url="", manager="proces
                        "candidate is not supported; use sglang_server_manager: process for overlap" % manager)
     if recovering:
         reasons.append("the node journal says an earlier run did not finish; this run recovers in place")
-    if not facts.get("old_managed"):
+    if not facts.get("old_pid"):
         reasons.append("no managed server runs (nothing to keep serving, or its GPUs are not on record)")
     else:
         if not facts.get("old_healthy"):
