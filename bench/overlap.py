@@ -103,6 +103,9 @@ def run(opts, workdir):
         for n in range(opts.overlap_runs):
             for kind_name in (("in_place", "overlap") if n % 2 == 0 else ("overlap", "in_place")):
                 result[kind_name].append(_round(ph, rr, state, kind_name, n))
+    except Exception as exc:  # pylint: disable=broad-except
+        # Reported (and make bench fails); the other parts' figures are still written.
+        result["error"] = str(exc)[-3000:]
     finally:
         left = procs.cleanup()
         if left:
@@ -123,6 +126,8 @@ def summarise(result):
 def report(result):
     if "skipped" in result:
         return "Overlap: skipped (%s)" % result["skipped"]
+    if "error" in result:
+        return "Overlap: FAILED (%s)" % result["error"]
     s = result["summary"]
     cfg = result["config"]
     rows = [["in place (restart, the router's only worker out)", c.fmt(s["in_place_outage_s"]),

@@ -12,6 +12,8 @@ One node, one router, in order (module-scoped fixture; each test reads the node 
     port), the old server keeps its PID, its records and its router entry, and no client request fails.
 ``test_gpus_shared_with_the_old_server_fall_back_in_place`` / ``test_no_router_falls_back_in_place``
     check-mode runs: the plan names the reason and the in-place path.
+``test_a_bad_overlap_setting_is_refused_before_anything``
+    sglang_redeploy_overlap: yes fails the role's argument check, naming the variable and its values.
 
 Every process is tracked by PID (Procs) and killed by PID and session at the end.
 """
@@ -187,3 +189,14 @@ def test_no_router_falls_back_in_place(setup):
     assert run.rc == 0, run.stdout_tail()
     assert "overlap refused: no router to switch clients" in path_line(run)
     assert path_line(run).endswith("; in place")
+
+
+def test_a_bad_overlap_setting_is_refused_before_anything(setup):
+    node = setup["node"]
+    old = state_record(node)
+    run = node.run(host_vars=host_vars(setup, gpus="4,5", port=free_port(), sglang_redeploy_overlap="yes"))
+    assert run.rc != 0
+    messages = " ".join(str(res.get("msg")) for _name, res in run.failed_tasks())
+    assert "value of sglang_redeploy_overlap must be one of: auto, off, False, got: yes" in messages, messages
+    assert not run.ran(PATH_TASK)
+    assert state_record(node)["pid"] == old["pid"] and alive(old["pid"])

@@ -65,6 +65,7 @@ def test_overlap_when_everything_holds():
 def test_off_and_actions_without_a_new_server_stay_in_place():
     assert decide(setting="off")["path"] == "in_place"
     assert decide(setting=None)["why"] == "sglang_redeploy_overlap is off; in place"
+    assert decide(setting=False)["path"] == "in_place"      # an unquoted YAML off
     assert decide(action="weights")["path"] == "in_place"
     assert decide(action="none")["path"] == "in_place"
 
@@ -72,6 +73,8 @@ def test_off_and_actions_without_a_new_server_stay_in_place():
 def test_a_bad_setting_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"sglang_redeploy_overlap must be one of off, auto, got 'yes'"):
         decide(setting="yes")
+    with pytest.raises(ValueError, match=r"got 'true'"):
+        decide(setting=True)
 
 
 @pytest.mark.parametrize("over, reason", [

@@ -99,7 +99,8 @@ def decide(setting, facts, action, router_url="", worker_url="", manager="proces
            recovering=False):
     """``{"path", "why", "reasons"}``: ``overlap`` only when every condition holds, else ``in_place`` with the
     conditions that failed (the first one is ``why``)."""
-    setting = str(setting or "off").strip().lower()
+    # An unquoted YAML ``off`` reads as false.
+    setting = "off" if setting is None or setting is False else str(setting).strip().lower()
     facts = facts or {}
     if setting not in SETTINGS:
         raise ValueError("sglang_redeploy_overlap must be one of %s, got %r; set it to auto (overlap when the node has "
