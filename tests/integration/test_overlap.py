@@ -12,6 +12,10 @@ One node, one router, in order (module-scoped fixture; each test reads the node 
     port), the old server keeps its PID, its records and its router entry, and no client request fails.
 ``test_gpus_shared_with_the_old_server_fall_back_in_place`` / ``test_no_router_falls_back_in_place``
     check-mode runs: the plan names the reason and the in-place path.
+``test_candidate_that_crashes_on_load_is_stopped_and_the_records_come_back``
+    the launch gate fails: sglang_replace stops the candidate, the router is never touched, the records come back.
+``test_an_interrupted_overlap_is_refused_with_what_to_do``
+    a kept copy of the old server's records naming a running process: the preflight refuses and says what to do.
 ``test_a_bad_overlap_setting_is_refused_before_anything``
     sglang_redeploy_overlap: yes fails the role's argument check, naming the variable and its values.
 
@@ -23,7 +27,7 @@ import json
 
 import pytest
 
-from playbook_helpers import Procs, SimNode, alive, free_port, http_get
+from playbook_helpers import Procs, SimNode, alive, free_port, http_get, starttime
 from test_router_rolling import Load, router_workers, start_router
 
 pytestmark = pytest.mark.slow
@@ -200,3 +204,49 @@ def test_a_bad_overlap_setting_is_refused_before_anything(setup):
     assert "value of sglang_redeploy_overlap must be one of: auto, off, False, got: yes" in messages, messages
     assert not run.ran(PATH_TASK)
     assert state_record(node)["pid"] == old["pid"] and alive(old["pid"])
+
+
+def test_candidate_that_crashes_on_load_is_stopped_and_the_records_come_back(setup):
+    """The launch gate fails (the candidate's scheduler raises while loading): sglang_replace stops what is left of
+    the candidate by its PID, the router is never touched, the old server's records are restored."""
+    node, router = setup["node"], setup["router"]
+    old = state_record(node)
+    old_url = "http://127.0.0.1:%d" % old["port"]
+    before = [(w["url"], w["id"]) for w in router_workers(router)]
+    cand_port = free_port()
+    hv = host_vars(setup, gpus="4,5", port=cand_port)
+    hv["sglang_server_env"] = dict(hv["sglang_server_env"], SGLANG_SIM_CRASH_ON_LOAD="1")
+    run, load = run_under_load(setup, hv)
+    assert run.rc != 0
+    assert path_line(run).startswith("path: overlap: GPUs 4,5 and port %d" % cand_port), path_line(run)
+    launched = run.task_result("Replace the server in one module run, candidate launch")
+    assert launched["failed"] and launched["reason"] == "launch_failed", launched.get("reason")
+    assert not run.ran("Run the smoke benchmark")
+    assert not run.ran("Overlap | take the failed candidate out of the router")
+    assert busy(node, (4, 5)) == []
+    assert alive(old["pid"]) and http_get(old_url + "/health")[0] == 200
+    assert state_record(node)["pid"] == old["pid"]
+    assert int((node.state / "server.pid").read_text()) == old["pid"]
+    # The same entry (its id): never removed and re-added.
+    assert [(w["url"], w["id"]) for w in router_workers(router)] == before and healthy_urls(router) == [old_url]
+    assert load.summary()["failed"] == 0, load.failures[:10]
+
+
+def test_an_interrupted_overlap_is_refused_with_what_to_do(setup, procs):
+    """A kept copy of the old server's records that names a process still running (a run stopped with two servers
+    up): the preflight refuses, touching nothing, and says which PID to stop and which files to delete."""
+    node = setup["node"]
+    old = state_record(node)
+    other = procs.spawn(["sleep", "600"])
+    kept = node.state / "overlap-old.server.state.json"
+    kept.write_text(json.dumps({"pid": other.pid, "starttime": starttime(other.pid), "port": 40999,
+                                "url": "http://127.0.0.1:40999"}))
+    try:
+        run = node.run(host_vars=host_vars(setup, gpus="4,5", port=free_port()), check=True)
+    finally:
+        kept.unlink()
+    assert run.rc != 0
+    messages = " ".join(str(res.get("msg")) for _name, res in run.failed_tasks())
+    assert "an overlap redeploy did not finish: the old server PID %d (port 40999" % other.pid in messages, messages
+    assert "kill -TERM %d" % other.pid in messages and str(kept) in messages
+    assert alive(other.pid) and state_record(node)["pid"] == old["pid"] and alive(old["pid"])
