@@ -142,6 +142,10 @@ def test_overlap_switches_with_no_failed_request(setup):
     assert [item["pid"] for item in stop["signalled"] if item.get("signals")] == [old["pid"]], stop["signalled"]
     assert sorted(g["index"] for g in stop["gpus_free"]) == [0, 1]
     assert node.journal()["step"] == "promoted", node.journal()
+    # The run report: deployed, the new server's PID, the old server's PID as the one signalled.
+    row = run.row()
+    assert row["status"] == "deployed" and row["candidate_pid"] == new["pid"], row
+    assert [item["pid"] for item in row["signalled"]] == [old["pid"]], row["signalled"]
     setup["port"] = new_port
 
 
