@@ -5,7 +5,7 @@
 """Overlap: start the new server before the old one stops, when the node has room for both (docs/user-guide.md,
 "Overlap redeploy").
 
-Two halves, both pure functions (tests/unit/test_overlap.py):
+Two halves (tests/unit/test_overlap_plan.py), and the check for an overlap that did not finish (leftover):
 
 * :func:`node_facts` runs in the preflight module on the node: what the node says about the room for a second
   server (the old server's GPUs and port from its records, whether the new config's GPUs are free, whether the new
