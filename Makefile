@@ -15,7 +15,7 @@ help:
 	@echo "make test        the whole suite: unit, integration, lint, sanity, molecule"
 	@echo "make real-server the real SGLang 0.5.23 server on this CPU: stand-ins, simulated GPUs, conformance"
 	@echo "make matrix      the support matrix: ansible-core 2.17/2.18/2.20/2.21, Debian 11/13 nodes, the user install, the EE"
-	@echo "make bench       outage, teardown, fleet, oracle and checkpoint benchmarks; real-SGLang outage when its venv is built"
+	@echo "make bench       outage, overlap, teardown, fleet, oracle and checkpoint benchmarks; real-SGLang outage when its venv is built"
 	@echo "make build       ansible-galaxy collection build"
 
 setup:

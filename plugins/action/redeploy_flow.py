@@ -16,9 +16,14 @@ from __future__ import annotations
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import Names
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import flow
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import overlap
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import pd
 
+# What the overlap decision's messages call its inputs: the variables this action reads.
+OVERLAP_LABELS = Names({"overlap": "sglang_redeploy_overlap", "router_url": "sglang_router_url",
+                        "router_worker_url": "sglang_router_worker_url", "manager": "sglang_server_manager"})
 DECISIONS = ("layout", "members", "action", "pd", "barrier", "failure", "rollback_failed", "settle", "report")
 # What each multi-node checkpoint reads of the other ranks.
 CHECKPOINT_RESULTS = {"preflight": "sglang_server_preflight", "teardown": "sglang_server_replace",
@@ -109,7 +114,21 @@ class ActionModule(ActionBase):
                    for h in group]
         action = flow.group_action(actions, len(group) > 1)
         role = flow.pd_role(_plain(self._own("sglang_server_preflight")))
-        return dict(changed=False, action=action, pd_role=role, smoke_mode=role or "null")
+        got = dict(changed=False, action=action, pd_role=role, smoke_mode=role or "null")
+        got.update(self._overlap_path(action, len(group) > 1, role))
+        return got
+
+    def _overlap_path(self, action, multinode, role):
+        """The path of this host's redeploy, overlap or in place, and why (module_utils/redeploy/overlap.py)."""
+        plan = (_plain(self._own("sglang_server_preflight")) or {}).get("plan") or {}
+        try:
+            got = overlap.decide(self._own("sglang_redeploy_overlap", "off"), plan.get("overlap"), action,
+                                 router_url=self._own("sglang_router_url", ""), worker_url=self._own("sglang_router_worker_url", ""),
+                                 manager=plan.get("manager"), multinode=multinode, pd_role=role, recovering=plan.get("recovering"),
+                                 names=OVERLAP_LABELS)
+        except ValueError as exc:
+            return dict(failed=True, msg=str(exc), failed_step="preflight", reason="bad_setting")
+        return dict(path=got["path"], path_why=got["why"], path_reasons=got["reasons"], overlap=plan.get("overlap") or {})
 
     def _barrier(self, args):
         result_var = CHECKPOINT_RESULTS[args["checkpoint"]]

@@ -165,6 +165,25 @@ pd_role:
   description: With O(decision=action), V(prefill), V(decode) or an empty string.
   returned: decision=action
   type: str
+path:
+  description:
+    - With O(decision=action), how the host is redeployed, V(overlap) (the new server starts beside the old one, the
+      router switches, then the old one stops) or V(in_place) (the old server stops first); C(sglang_redeploy_overlap).
+  returned: decision=action
+  type: str
+path_why:
+  description: With O(decision=action), why that path (the first condition that refused the overlap).
+  returned: decision=action
+  type: str
+path_reasons:
+  description: With O(decision=action), every condition that refused the overlap (empty for V(overlap)).
+  returned: decision=action
+  type: list
+  elements: str
+overlap:
+  description: With O(decision=action), the preflight's facts about room for a second server (C(plan.overlap)).
+  returned: decision=action
+  type: dict
 plan:
   description: With O(decision=pd), the rollout plan (C(order), C(steps), C(problems), C(notes), ...).
   returned: decision=pd

@@ -25,6 +25,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.server import laun
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import survey as pf
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import overlap
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import settings
@@ -414,6 +415,8 @@ class Preflight(TargetInspection):
         self.secrets.extend(launcher.secrets)
         self._probe_places(manager, mode)
         found = self.inspect_server(launcher, selected)
+        for text in overlap.leftover(p["state_dir"], found["current"].get("pid")):
+            self.problem(text)
         found, entry, kg, decision, lease_info = self._decide(launcher, manager, found)
         plan = self._plan(launcher, manager, args, found, entry, kg, decision)
         return self._result(launcher, manager, found, plan, resolved, decision, lease_info)
@@ -572,6 +575,11 @@ class Preflight(TargetInspection):
             "private_env": sorted(str(k) for k in (p["env"] or {}) if secret_rules.is_secret_name(str(k))),
             # The compile caches: the variables added to the env, the directories to create, size and free space.
             "cache": self.cache_info,
+            # Room for the new server beside the old one (redeploy/overlap.py; the controller picks the path).
+            "overlap": overlap.node_facts(found["current"], found["running"], running_record, found["port_owner"],
+                                          self.node.get("all_gpus"), p["gpus"], launcher.port,
+                                          (p["settings"] or {}).get("gpu_verify_max_used_mib") or 16,
+                                          probe=overlap.health_probe(launcher.api_key)),
         }
         return plan
 
