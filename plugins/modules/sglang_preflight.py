@@ -36,7 +36,7 @@ description:
     kubernetes, from its C(/proc/<pid>/cgroup); not this module's own container) is never adopted or signalled; the
     preflight fails naming the container (runtime, id and, where the docker/podman CLI answers C(container inspect),
     name, image and restart policy; the entry's C(container)) and the fix (stop it through its runtime), whatever
-    O(allow_foreign) and O(adopt_pids) say, unless the plan adopts that container: a docker or podman container
+    O(allow_foreign) and O(adopt_pids) say, unless the plan adopts that container, a docker or podman container
     (inspected through its CLI) that serves on the managed port while no managed server runs, or one named in
     O(adopt_containers). An adopted container is listed in the plan's C(containers) (runtime, id, name, image, restart
     policy, why, its PIDs; never its environment or command line) and stopped by sglang_replace through its runtime

@@ -161,7 +161,11 @@ def fix(c):
     if runtime in CLIS:
         cli = CLIS[runtime]
         text = '`%s stop %s`' % (cli, ref)
-        if c.get('restart_policy') not in ('no', '', None) or not c.get('inspected'):
+        if cli == 'podman' and c.get('restart_policy') not in ('no', '', None):
+            # podman 4.3's `podman update` cannot change a restart policy; a container stopped with `podman stop` is
+            # not restarted by it (verified, tests/integration/test_containers.py).
+            text += ' (podman does not restart a container stopped with `podman stop`; `podman rm %s` removes it)' % ref
+        elif c.get('restart_policy') not in ('no', '', None) or not c.get('inspected'):
             text += ' and `%s update --restart=no %s` (or `%s rm %s`) so that its restart policy does not start it again' % (
                 cli, ref, cli, ref)
         if cli == 'podman' and not c.get('inspected'):
