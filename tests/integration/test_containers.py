@@ -331,6 +331,12 @@ def test_redeploy_stops_an_adopted_container_through_its_runtime_and_it_stays_st
             engine.runtime, box["name"], box["id"][:12], box["image"], ", turned off" if docker else "")
         assert line in replaced["lines"], replaced["lines"]
         assert "stopping %s container %s (id %s" % (engine.runtime, box["name"], box["id"][:12]) in json.dumps(node.journal())
+        row = run.row()
+        assert row["containers_stopped"] == [{"runtime": engine.runtime, "id": box["id"], "name": box["name"],
+                                              "image": box["image"], "restart_policy": "always", "restart_policy_set": docker}]
+        assert all(p.get("pid") != box["pid"] for p in row["signalled"]), row["signalled"]
+        assert "- Stopped through its runtime: %s container %s (id %s, image %s, restart policy always%s)" % (
+            engine.runtime, box["name"], box["id"][:12], box["image"], ", turned off" if docker else "") in run.report_md
 
         # The collection's server serves now; the container stays stopped (the run went on through the launch and the
         # smoke test after the stop: a restart policy would have started it again meanwhile).
