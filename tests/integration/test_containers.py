@@ -352,3 +352,34 @@ def test_redeploy_stops_an_adopted_container_through_its_runtime_and_it_stays_st
     finally:
         for cid in started:                                  # by ID, whatever the test did
             engine.cli("rm", "--force", cid, check=False)
+
+
+def test_a_failed_candidate_without_known_good_starts_the_adopted_container_again(engine, playbook_node, tmp_path):
+    """The collection's first server crashes while loading and this node has no known-good config: the in-place
+    rollback starts the adopted container again, its restart policy restored (docker), and no signal reaches it."""
+    node = playbook_node
+    started = []
+    script = tmp_path / "boxed_server.py"
+    script.write_text(SERVER)
+    try:
+        box = start_box(engine, started, script, node.root, node.port, secret=node.api_key)
+        env = dict(node.host_vars()["sglang_node_environment"], **engine.env)
+        hv = node.host_vars(sglang_node_environment=env, sglang_server_cuda_visible_devices="0,1",
+                            server_env={"SGLANG_SIM_CRASH_ON_LOAD": "1"})
+        run = node.run(host_vars=hv)
+        assert run.rc != 0, run.summary()
+        replaced = run.task_result(REPLACE)
+        assert replaced["rollback"]["status"] == "unavailable", replaced.get("rollback")
+        line = "started the adopted %s container %s (id %s" % (engine.runtime, box["name"], box["id"][:12])
+        assert line in replaced["rollback"]["detail"], replaced["rollback"]
+        assert [(c["id"], c["started"]) for c in replaced["containers_restarted"]] == [(box["id"], True)]
+        after = engine.inspect(box["id"])
+        assert after["State"]["Status"] == "running" and after["State"]["Pid"] != box["pid"], after["State"]
+        assert after["HostConfig"]["RestartPolicy"]["Name"] == "always"
+        # Its new process holds GPU 0 again and serves on the port; it was never signalled from the host.
+        assert wait_until(lambda: node.used()[0] >= 1000, timeout=30, interval=0.2)
+        assert all(p.get("pid") not in (box["pid"], after["State"]["Pid"]) for p in replaced.get("signalled") or [])
+        assert node.leaks() == []
+    finally:
+        for cid in started:                                  # by ID, whatever the test did
+            engine.cli("rm", "--force", cid, check=False)
