@@ -15,6 +15,9 @@
 #   debootstrap   builds the base root filesystem of the test image
 #   wget          debootstrap's downloader (a Depends, listed for clarity)
 #   ca-certificates  lets debootstrap use an https mirror
+#   docker.io     the Docker engine (dockerd, docker CLI): tests/integration/test_containers.py
+#                 runs a private dockerd (its own socket, no bridge, no iptables) to test the
+#                 adoption of a hand-run docker container (issue 24)
 #   ShellCheck    (package shellcheck) for ansible-test sanity's shellcheck
 #                 test, skipped with only a warning when it is missing
 #
@@ -24,7 +27,7 @@
 # in this list apt would fall back to containernetworking-plugins.
 set -euo pipefail
 
-PACKAGES=(podman runc netavark aardvark-dns iptables debootstrap wget ca-certificates shellcheck)
+PACKAGES=(podman runc netavark aardvark-dns iptables debootstrap wget ca-certificates shellcheck docker.io)
 
 check_only=0
 case "${1:-}" in

@@ -112,6 +112,10 @@ def render_markdown(title, rows):
                                              ", ".join(_text(s) for s in p.get("signals") or [])
                                              or "exited with its server, not signalled directly")
                     for p in r.get("signalled") or []] or ["  - none"]
+        for c in r.get("containers_stopped") or []:
+            out.append("- Stopped through its runtime: %s container %s (id %s, image %s, restart policy %s%s)" % tuple(
+                _text(x) for x in (c.get("runtime"), c.get("name"), (c.get("id") or "")[:12], c.get("image"),
+                                   c.get("restart_policy"), ", turned off" if c.get("restart_policy_set") else "")))
         if r.get("exited"):
             out.append("- Exited with their server (not signalled): %s" % ", ".join(
                 "PID %s (%s)" % (_text(p.get("pid")), _text(p.get("name") or "?")) for p in r["exited"]))

@@ -36,7 +36,11 @@ description:
     kubernetes, from its C(/proc/<pid>/cgroup); not this module's own container) is never adopted or signalled; the
     preflight fails naming the container (runtime, id and, where the docker/podman CLI answers C(container inspect),
     name, image and restart policy; the entry's C(container)) and the fix (stop it through its runtime), whatever
-    O(allow_foreign) and O(adopt_pids) say. Servers in containers are not managed yet (docs/user-guide.md).
+    O(allow_foreign) and O(adopt_pids) say, unless the plan adopts that container, a docker or podman container
+    (inspected through its CLI) that serves on the managed port while no managed server runs, or one named in
+    O(adopt_containers). An adopted container is listed in the plan's C(containers) (runtime, id, name, image, restart
+    policy, why, its PIDs; never its environment or command line) and stopped by sglang_replace through its runtime
+    (docs/user-guide.md, "Servers in containers").
   - Secrets in O(args) (a secret-named field, a password or token in a URL) are masked in every output from the
     start. Refused, naming the field and the fix, are C(api_key) (use O(api_key)), C(admin_api_key), C(hf_token) (the
     environment's C(HF_TOKEN)) and credentials in a URL. Other secret fields (C(ssl_keyfile_password)) are passed
@@ -180,6 +184,15 @@ options:
     default: []
   adopt_patterns:
     description: Regular expressions; a GPU holder whose command line (or its session leader's) matches is adopted.
+    type: list
+    elements: str
+    default: []
+  adopt_containers:
+    description:
+      - Names or ids (an id prefix of at least 12 hex digits) of docker or podman containers that hold the managed port
+        or the target GPUs and that this deploy replaces. The teardown stops them through their runtime (C(docker update
+        --restart=no), then C(docker stop -t) or C(podman stop -t)); a container that serves on the managed port is
+        adopted without being named. An entry that names no such container is noted and ignored.
     type: list
     elements: str
     default: []
@@ -489,6 +502,7 @@ def argument_spec():
         device_paths=dict(type="list", elements="str", default=["/dev/nvidia*"]),
         adopt_pids=dict(type="list", elements="int", default=[]),
         adopt_patterns=dict(type="list", elements="str", default=[]),
+        adopt_containers=dict(type="list", elements="str", default=[]),
         allow_foreign=dict(type="bool", default=False),
         redeploy_mode=dict(type="str", default="auto", choices=["auto", "restart", "weights"]),
         rollback=dict(type="bool", default=True),

@@ -92,6 +92,11 @@ options:
         C(term_timeout), C(kill_timeout), C(reset_orphaned), C(nvidia_smi), C(backend), C(device_paths),
         C(expected_pids), C(on_unexpected)), and C(ports), the TCP ports the new server binds, waited for after the
         drain (sockets that only linger in TIME_WAIT do not count).
+      - C(containers), the preflight's C(plan.containers) (adopted docker/podman containers with C(runtime), C(id),
+        C(name), C(image), C(restart_policy)). With O(target=candidate) each is stopped through its runtime before the
+        drain, never signalled from the host (docker C(update --restart=no) first when it has a restart policy, then
+        C(<cli> stop -t <term_timeout>), which sends SIGKILL after that), and must be stopped after it. Without a
+        known-good config the in-place rollback starts them again (their restart policy restored).
     type: dict
     default: {}
   verify:
@@ -221,6 +226,19 @@ node:
 signalled:
   description: What the teardown signalled (as M(gpufleet.sglang.gpu_drain) returns it).
   returned: always
+  type: list
+  elements: dict
+containers_stopped:
+  description:
+    - The adopted containers the teardown stopped through their runtime (O(teardown) C(containers)), each with
+      C(runtime), C(id), C(name), C(image), C(restart_policy) (as it was), C(restart_policy_set) (docker's policy was
+      turned off), C(stopped) and C(status).
+  returned: when the teardown ran
+  type: list
+  elements: dict
+containers_restarted:
+  description: The same records with C(started) (and C(start_error)), when the rollback had no known-good config.
+  returned: when adopted containers were started again
   type: list
   elements: dict
 gpus_free:

@@ -342,6 +342,9 @@ def report_row(v, mask):
         "adjustments": resolved.get("adjustments") or [],
         "signalled": signalled,
         "exited": exited,
+        # Adopted containers stopped through their runtime (issue 24): runtime, id, name, image, restart policy.
+        "containers_stopped": [dict((k, _mapping(c).get(k)) for k in ("runtime", "id", "name", "image", "restart_policy",
+                                                                        "restart_policy_set")) for c in candidate.get("containers_stopped") or []],
         "planned_teardown": (plan.get("teardown_pids") or []) if v.get("check_mode") else [],
         "holders": plan.get("holders") or [],
         "gpus_before": _mapping(preflight.get("node")).get("gpus") or [],

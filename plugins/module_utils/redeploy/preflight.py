@@ -563,6 +563,7 @@ class Preflight(TargetInspection):
             "differences": identity.differences(running_identity, launcher.identity) if running_identity else [],
             "running": found["running"], "port_owner": found["port_owner"], "holders": found["holders"],
             "teardown_pids": found["teardown_pids"], "expected_pids": found["expected_pids"],
+            "containers": found.get("containers") or [],     # adopted: stopped through their runtime (issue 24)
             "ports": [i["port"] for i in found["ports"]], "port_checks": found["ports"],
             "rollback_ready": kg.get("ready", False), "known_good": kg,
             "journal": {"entry": dict((k, v) for k, v in entry.items() if k != "history"), "summary": journal_mod.describe(entry)},

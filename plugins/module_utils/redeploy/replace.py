@@ -32,6 +32,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secr
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import sockets
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import containers
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import weights
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
@@ -206,8 +207,11 @@ class Replace(object):
         launch = dict(p["launch"] or {})
         t0 = time.monotonic()
         self.part = "teardown"
-        self.mark(journal_mod.TEARDOWN, detail="signalling %s on GPUs %s" % (
+        boxes = td.get("containers") or [] if p["target"] == "candidate" else []
+        self.mark(journal_mod.TEARDOWN, detail="%ssignalling %s on GPUs %s" % (
+            "".join("stopping %s; " % containers.stopped_line(c) for c in boxes),
             ", ".join(str(x) for x in td.get("pids") or []) or "the holders", ",".join(str(g) for g in td.get("gpus") or [])))
+        self.stop_containers(boxes, td)
         unit = launch.get("unit") or "sglang-%s.service" % launch.get("name", "main")
         if launch.get("manager") == "systemd":
             systemctl = self.module.get_bin_path("systemctl", required=True)
@@ -249,6 +253,37 @@ class Replace(object):
         self.wait_ports(td.get("ports") or [])
         self.mark(journal_mod.TORN_DOWN, detail="the target GPUs and ports are free")
         self.part = "launch"
+
+    def stop_containers(self, boxes, td):
+        """The adopted containers of the plan (the preflight's plan.containers) are stopped through their runtime with
+        the drain's term_timeout, never signalled from the host (a restart policy would start them again): issue 24.
+        The drain and the GPU and port checks then run as for any teardown."""
+        done = self.result.setdefault("containers_stopped", [])
+        for box in boxes:
+            try:
+                done.append(containers.stop_adopted(box, float(td.get("term_timeout") or teardown.stop.DEFAULT_TERM_TIMEOUT)))
+            except containers.ContainerError as exc:
+                if exc.record.get("restart_policy_set"):
+                    done.append(exc.record)
+                if done:
+                    self.result["torn_down"] = True
+                    self.touch()
+                raise teardown.DrainError("the adopted container could not be stopped through its runtime: %s" % exc.msg,
+                                          {"containers_stopped": done, "signalled": []})
+            self.result["torn_down"] = True
+            self.touch()
+
+    def restart_containers(self):
+        """Without a known-good config to roll back to, the containers this run stopped are started again (their
+        restart policy restored first); returns the words for the rollback's detail."""
+        records = [c for c in self.result.get("containers_stopped") or [] if c.get("stopped") or c.get("restart_policy_set")]
+        if not records:
+            return ""
+        started = [containers.start_adopted(c) for c in records]
+        self.result["containers_restarted"] = started
+        return "; %s" % "; ".join(("started the adopted %s again" % containers.stopped_line(c)) if c["started"] else
+                                  ("the adopted %s could not be started again: %s" % (containers.stopped_line(c), c.get("start_error")))
+                                  for c in started)
 
     def wait_ports(self, ports):
         """Every port the new server binds must be free (a SIGKILLed server's children can keep them); sockets that
@@ -669,7 +704,8 @@ class Replace(object):
             self.record_failure(journal_mod.FAILED, why)
             self.result["rollback"] = {"status": "unavailable",
                                        "detail": "no known-good config under %s (this node was never deployed successfully by "
-                                                 "this collection)" % launch_mod.known_good_dir(self.config_dir)}
+                                                 "this collection)%s" % (launch_mod.known_good_dir(self.config_dir),
+                                                                          self.restart_containers())}
             self.observe()
             return
         self.mark(journal_mod.ROLLING_BACK, detail="candidate failed: %s" % why[:300])
@@ -766,6 +802,8 @@ def _launch_line(launch, label):
 def result_lines(result):
     """What the run did, in readable lines (the play's output)."""
     lines = []
+    for box in result.get("containers_stopped") or []:
+        lines.append("stopped through its runtime: %s" % containers.stopped_line(box))
     if result.get("torn_down"):
         lines.append("signalled: %s" % _signalled_line(result.get("signalled")))
     if "gpus_free" in result:

@@ -44,15 +44,17 @@ class TargetInspection(object):
         if cur["pid"]:
             running = {"pid": cur["pid"], "fingerprint": cur.get("fingerprint"), "source": cur.get("source"),
                        "healthy": launcher.healthy_now()}
-        elif adopt_from_port:
-            running = {"pid": adopt_from_port[0], "fingerprint": None, "source": "adopted (port owner)", "healthy": None}
+        elif adopt_from_port or (port_owner or {}).get("container") and port_owner["adoptable"]:
+            running = {"pid": port_owner["pid"], "fingerprint": None, "source": "adopted (port owner%s)" % (
+                "" if adopt_from_port else ", in a container"), "healthy": None}
         if (running and running["healthy"]) or adopt_from_port:
             adapters = self.runtime_adapters(launcher)
         expected, teardown = self._drain_roots(holders, managed_pids, adopt_from_port, table, boxed)
-        self.report_containers()
+        adopted = self.report_containers()                               # stopped through their runtime instead
+        expected = sorted(set(expected) | set(x for c in adopted for x in c["pids"]))
         ports = self.check_ports(launcher, table, expected)
         return {"current": cur, "running": running, "port_owner": port_owner, "holders": holders, "teardown_pids": teardown,
-                "expected_pids": expected, "ports": ports, "lora_adapters": adapters}
+                "expected_pids": expected, "ports": ports, "lora_adapters": adapters, "containers": adopted}
 
     def _port_owner(self, launcher, table, selected, managed_pids, listening, owners, boxed):
         """Who holds the server's port: ``(port_owner, adopt_from_port)``; a port held by another server is a problem."""
@@ -72,8 +74,8 @@ class TargetInspection(object):
             box = boxed(owner) if owner and not port_owner["managed"] else None
             if box:
                 port_owner["container"] = box
-                self.refuse_container(box, "PID %s (%s) on port %d" % (owner, port_owner["cmdline"] or port_owner["comm"],
-                                                                       launcher.port))
+                port_owner["adoptable"] = self.refuse_container(box, "PID %s (%s) on port %d" % (
+                    owner, port_owner["cmdline"] or port_owner["comm"], launcher.port), owner, port_owner=not managed_pids)
             elif not port_owner["managed"]:
                 holder_pids = set(gpu_query.holders(selected))
                 owner_tree = ({owner} | set(procfs.descendants(table, owner))) if owner else set()
@@ -139,9 +141,9 @@ class TargetInspection(object):
             box = boxed(h["pid"]) if h["class"] != "gone" else None
             if box:
                 h["container"] = box
-                if h["class"] not in ("watcher", "system"):     # never signalled: only named
+                if h["class"] not in ("watcher", "system"):     # never signalled: only named (or adopted)
                     self.refuse_container(box, "GPU holder PID %d (%s, GPUs %s)" % (
-                        h["pid"], h["class"], ",".join(str(g) for g in h["gpus"])))
+                        h["pid"], h["class"], ",".join(str(g) for g in h["gpus"])), h["pid"])
         foreign = [h for h in holders if h["class"] == "foreign" and not h.get("container")]
         if foreign and not p["allow_foreign"]:
             self.problem("the target GPUs are held by %d process(es) that are not this server's: %s. Another team's server? "
@@ -170,7 +172,7 @@ class TargetInspection(object):
         for pid in list(teardown):
             box = boxed(pid)
             if box:
-                self.refuse_container(box, "teardown root PID %d" % pid)
+                self.refuse_container(box, "teardown root PID %d" % pid, pid)
                 teardown.remove(pid)                                    # never signalled from the host
         return expected, teardown
 
@@ -180,6 +182,7 @@ class TargetInspection(object):
         own = containers.container_of("self")
         seen = {}
         self._boxed = {}
+        self._adopted = {}
 
         def boxed(pid):
             found = containers.foreign_container(pid, own=own or {})
@@ -191,24 +194,37 @@ class TargetInspection(object):
             return seen[key]
         return boxed
 
-    def refuse_container(self, box, who):
-        """Note ``who`` (a PID and its role in the plan) as a process in ``box`` that the plan would adopt or signal."""
+    def refuse_container(self, box, who, pid=None, port_owner=False):
+        """Note ``who`` (a PID and its role in the plan) as a process in ``box`` that the plan would adopt or signal,
+        unless the plan adopts ``box`` (it serves on the managed port, ``port_owner``, or is named in adopt_containers:
+        containers.adoptable); then ``pid`` is noted as one of its processes and True returned."""
+        if self._adopted.get(box["id"]) or containers.adoptable(box, port_owner, self.p.get("adopt_containers")):
+            entry = self._adopted.setdefault(box["id"], containers.adopted_entry(
+                box, containers.adoptable(box, port_owner, self.p.get("adopt_containers"))))
+            entry["pids"] = sorted(set(entry["pids"]) | ({pid} if pid else set()))
+            return True
         whos = self._boxed.setdefault((box["runtime"], box["id"], box["part"]), [box, []])[1]
         if who not in whos:
             whos.append(who)
+        return False
 
     def report_containers(self):
-        """One problem per container: what runs there, why the host must not signal it, and the fix (issue 24)."""
+        """One problem per refused container: what runs there, why the host must not signal it, and the fix (issue 24).
+        Returns the adopted containers (containers.adopted_entry), stopped through their runtime by the teardown."""
+        adopted = containers.check_adopt_refs(self.p.get("adopt_containers"), self._adopted.values(), self.problem,
+                                              self.notes.append, self.names.of("adopt_containers"))
         for box, whos in self._boxed.values():
             engine = "the kubelet" if box["runtime"] not in containers.CLIS else box["runtime"]
             policy = (" (restart policy %s)" % box["restart_policy"]) if box.get("restart_policy") else ""
             self.problem(
                 "%s %s in the %s. The preflight does not adopt, stop or signal a process in a container: a signal from "
                 "the host ends only that process, and %s%s starts it again, so it takes the port and the GPUs back after "
-                "the outage has begun. Stop the container with %s, then run again (servers in containers are not managed "
-                "by this collection yet: docs/user-guide.md, \"Servers in containers\"); nothing was touched" % (
+                "the outage has begun. Stop the container with %s, then run again, or name it in %s "
+                "to have the teardown stop it through its runtime (docs/user-guide.md, \"Servers "
+                "in containers\"); nothing was touched" % (
                     "; ".join(whos), "runs" if len(whos) == 1 else "run", containers.describe(box), engine, policy,
-                    containers.fix(box)))
+                    containers.fix(box), self.names.of("adopt_containers")))
+        return adopted
 
     def check_ports(self, launcher, table, teardown):
         """Every port the new server binds must be free, or held by what the teardown stops (or only lingering)."""

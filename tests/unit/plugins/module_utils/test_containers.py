@@ -140,8 +140,8 @@ def test_inspect_names_the_container_through_its_cli():
     assert out["id"] == CID and out["runtime"] == "podman"
     assert containers.describe(out) == ("podman container blissful_yalow (id %s, image localhost/gpufleet-node:b676eaafcd163673, "
                                         "restart policy always)" % CID[:12])
-    assert containers.fix(out) == ("`podman stop blissful_yalow` and `podman update --restart=no blissful_yalow` (or `podman rm "
-                                   "blissful_yalow`) so that its restart policy does not start it again")
+    assert containers.fix(out) == ("`podman stop blissful_yalow` (podman does not restart a container stopped with `podman stop`; "
+                                   "`podman rm blissful_yalow` removes it)")
 
 
 def test_docker_fix_without_a_restart_policy_is_only_a_stop():
