@@ -83,7 +83,8 @@ def _round(ph, rr, state, kind, n):
 def run(opts, workdir):
     try:
         ph, rr = _imports()
-        binary = rr._smg1()  # pylint: disable=protected-access
+        import launch_helpers  # pylint: disable=import-outside-toplevel
+        binary = launch_helpers.smg1_binary()
     except Exception as exc:  # pylint: disable=broad-except
         return {"skipped": "smg 1.x or the test helpers are not available: %s" % str(exc)[-500:]}
     base = os.path.join(workdir, "overlap")

@@ -27,25 +27,13 @@ import json
 
 import pytest
 
-from playbook_helpers import Procs, SimNode, alive, free_port, http_get, starttime
+from launch_helpers import smg1_binary
+from playbook_helpers import SimNode, alive, free_port, http_get, module_procs, starttime  # noqa: F401 (module_procs: the procs fixture)
 from test_router_rolling import Load, router_workers, start_router
 
 pytestmark = pytest.mark.slow
 
 PATH_TASK = "Say which path the redeploy takes, overlap or in place, and why"
-
-
-def _smg1():
-    from test_router_rolling import _smg1 as setup
-    return setup()
-
-
-@pytest.fixture(scope="module")
-def procs():
-    tracker = Procs()
-    yield tracker
-    left = tracker.cleanup()
-    assert not left, "processes survived SIGKILL: %s" % left
 
 
 class _Servers(object):
@@ -62,7 +50,7 @@ class _Servers(object):
 def setup(tmp_path_factory, procs):
     base = tmp_path_factory.mktemp("overlap")
     node = SimNode(base / "node", procs)
-    kind = {"name": "smg-1", "binary": _smg1(), "api": "1", "flags": ["--policy", "cache_aware"]}
+    kind = {"name": "smg-1", "binary": smg1_binary(), "api": "1", "flags": ["--policy", "cache_aware"]}
     router, _proc = start_router(_Servers(procs), base, kind)
     state = {"node": node, "router": router, "base": base}
     first = node.run(host_vars=host_vars(state, gpus="0,1", port=node.port))
