@@ -237,7 +237,7 @@ def test_a_foreign_container_on_the_target_gpus_is_refused_named_and_left_runnin
             assert "`docker stop %s` and `docker update --restart=no %s`" % (box["name"], box["name"]) in text
         else:           # podman 4.3 cannot change the policy; `podman stop` is enough (verified below by the redeploy)
             assert "`podman stop %s` (podman does not restart a container stopped with `podman stop`" % box["name"] in text
-        assert "name it in sglang_adopt_containers to have the teardown stop it" in text and "nothing was touched" in text
+        assert "name it in adopt_containers to have the teardown stop it" in text and "nothing was touched" in text  # the module, run directly
         # Not also reported as an ordinary foreign holder with fixes that would signal it.
         assert not any(p.startswith("the target GPUs are held by") for p in res["problems"]), res["problems"]
         if extra.get("adopt_pids"):
