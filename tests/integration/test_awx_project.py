@@ -33,7 +33,7 @@ import subprocess
 import pytest
 import yaml
 
-from playbook_helpers import INCIDENT_SPEC, RESOLVED_SPEC, VENV_BIN, SimNode, alive, module_procs  # noqa: E402,F401 (the procs fixture)
+from playbook_helpers import INCIDENT_SPEC, RESOLVED_SPEC, VENV_BIN, SimNode, alive, module_procs  # noqa: E402,F401  # pylint: disable=unused-import
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "awx" / "runner-example"

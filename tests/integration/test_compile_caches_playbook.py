@@ -15,7 +15,7 @@ import stat
 
 import pytest
 
-from playbook_helpers import SimNode, alive, environ_of, module_procs  # noqa: F401 (module_procs: the procs fixture)
+from playbook_helpers import SimNode, alive, environ_of, module_procs  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.slow
 

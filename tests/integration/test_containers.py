@@ -209,7 +209,7 @@ def assert_untouched(engine, box):
 
 
 def test_a_foreign_container_on_the_target_gpus_is_refused_named_and_left_running(engine, sim_node, tmp_path, boxed_server,
-                                                                                 run_module):
+                                                                                  run_module):
     """Not on the managed port, not named in adopt_containers: refused whatever allow_foreign and adopt_pids say."""
     port = free_port()
     box = boxed_server(free_port())

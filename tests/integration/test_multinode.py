@@ -34,7 +34,7 @@ import json
 
 import pytest
 
-from playbook_helpers import (INCIDENT_SPEC, RESOLVED_SPEC, SimNode, alive, environ_of,  # noqa: F401 (module_procs: a fixture)
+from playbook_helpers import (INCIDENT_SPEC, RESOLVED_SPEC, SimNode, alive, environ_of,  # noqa: F401  # pylint: disable=unused-import
                               free_port, http_get, module_procs, session_members)
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ import json
 import pytest
 
 from launch_helpers import smg1_binary
-from playbook_helpers import SimNode, alive, free_port, http_get, module_procs, starttime  # noqa: F401 (module_procs: the procs fixture)
+from playbook_helpers import SimNode, alive, free_port, http_get, module_procs, starttime  # noqa: F401  # pylint: disable=unused-import
 from test_router_rolling import Load, router_workers, start_router
 
 pytestmark = pytest.mark.slow

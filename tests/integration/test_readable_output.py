@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from playbook_helpers import HOST, alive, decoy_survives_fixture, module_procs, node_with_decoy, session_members  # noqa: F401 (fixtures)
+from playbook_helpers import HOST, alive, decoy_survives_fixture, module_procs, node_with_decoy, session_members  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.slow
 

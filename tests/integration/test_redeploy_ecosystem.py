@@ -22,7 +22,7 @@ import pathlib
 
 import pytest
 
-from playbook_helpers import HOST, SimNode, alive, module_procs, starttime  # noqa: F401 (module_procs: the procs fixture)
+from playbook_helpers import HOST, SimNode, alive, module_procs, starttime  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.slow
 

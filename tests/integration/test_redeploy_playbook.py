@@ -30,7 +30,7 @@ import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import prefetch as pf
 from checkpoint_files import SMALL_LAYOUT, write_checkpoint
-from playbook_helpers import (FAST_SERVER_ENV, HOST, REPORT_KEYS, RESOLVED_SPEC, SimNode, alive, cmdline,  # noqa: F401 (fixtures)
+from playbook_helpers import (FAST_SERVER_ENV, HOST, REPORT_KEYS, RESOLVED_SPEC, SimNode, alive, cmdline,  # noqa: F401  # pylint: disable=unused-import
                               decoy_survives_fixture, environ_of, http_get, module_procs, node_with_decoy, session_members,
                               wait_for)
 

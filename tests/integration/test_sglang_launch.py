@@ -21,7 +21,7 @@ from gpusim.checkpoint import write_checkpoint
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import render
 from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import resolve as sglang_resolve
 
-from launch_helpers import (  # noqa: E402  (tests/integration is on sys.path via rootdir conftest)
+from launch_helpers import (  # noqa: E402,F401  # pylint: disable=unused-import
     SIM_PY, cmdlines, fake_systemd, free_port, run_module_raw, servers, session_members, unit_pid, write_unit,
 )
 

@@ -15,8 +15,9 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import http
-from launch_helpers import SIM_PY, cmdlines, free_port, run_module_raw, servers, session_members, smg1_binary  # noqa: E402,F401
-from playbook_helpers import SimNode, procs  # noqa: E402,F401 (procs: the fixture)
+from launch_helpers import (  # noqa: E402,F401  # pylint: disable=unused-import
+    SIM_PY, cmdlines, free_port, run_module_raw, servers, session_members, smg1_binary)
+from playbook_helpers import SimNode, procs  # noqa: E402,F401  # pylint: disable=unused-import
 import tls_certs  # noqa: E402
 
 pytestmark = pytest.mark.slow

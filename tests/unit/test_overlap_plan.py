@@ -127,7 +127,7 @@ def test_every_failed_condition_is_listed_the_first_is_why():
 
 def write_kept(tmp_path, pid, start):
     (tmp_path / overlap.KEPT_STATE).write_text(json.dumps({"pid": pid, "starttime": start, "port": 30000,
-                                                            "url": "http://127.0.0.1:30000"}))
+                                                           "url": "http://127.0.0.1:30000"}))
 
 
 def test_an_interrupted_overlap_with_the_old_server_running_is_a_problem_that_says_what_to_do(tmp_path):

@@ -22,6 +22,9 @@ Standard library only; nothing here reads the node or the controller.
 """
 from __future__ import annotations
 
+# The keys of an adopted container stopped through its runtime that the report row keeps (issue 24).
+CONTAINER_KEYS = ("runtime", "id", "name", "image", "restart_policy", "restart_policy_set")
+
 ACTIONS = ("none", "verify", "weights", "start", "restart")
 PD_ROLES = ("prefill", "decode")
 # Steps whose failure leaves a verified (or untouched) server running: no rollback.
@@ -343,8 +346,7 @@ def report_row(v, mask):
         "signalled": signalled,
         "exited": exited,
         # Adopted containers stopped through their runtime (issue 24): runtime, id, name, image, restart policy.
-        "containers_stopped": [dict((k, _mapping(c).get(k)) for k in ("runtime", "id", "name", "image", "restart_policy",
-                                                                        "restart_policy_set")) for c in candidate.get("containers_stopped") or []],
+        "containers_stopped": [dict((k, _mapping(c).get(k)) for k in CONTAINER_KEYS) for c in candidate.get("containers_stopped") or []],
         "planned_teardown": (plan.get("teardown_pids") or []) if v.get("check_mode") else [],
         "holders": plan.get("holders") or [],
         "gpus_before": _mapping(preflight.get("node")).get("gpus") or [],

@@ -155,7 +155,6 @@ def decide(setting, facts, action, router_url="", worker_url="", manager="proces
             "reasons": []}
 
 
-
 def leftover(state_dir, current_pid=None):
     """Problems (texts) of an overlap that did not finish: overlap.yml keeps a copy of the old server's records
     while the candidate runs beside it, and removes it when the old server was stopped or the failed candidate

@@ -284,13 +284,13 @@ class Preflight(TargetInspection):
             elif name == "hf_token":
                 self.problem("%s: SGLang takes no such flag; it reads the Hugging Face token from "
                              "the environment: set HF_TOKEN in %s (a secret-named variable goes to a 0600 file, "
-                             "never into records) and remove hf_token from the args" % (self.names.of("args", "hf_token"),
-                                                                                          self.names.of("env")))
+                             "never into records) and remove hf_token from the args"
+                             % (self.names.of("args", "hf_token"), self.names.of("env")))
             elif not named:
                 self.problem("%s: holds a URL with credentials (user:password@ or a token parameter), "
                              "which would be on the server's command line (ps) and in its records; use a URL without them "
-                             "and give the credentials through the environment (%s) or a file" % (self.names.of("args", key),
-                                                                                                 self.names.of("env")))
+                             "and give the credentials through the environment (%s) or a file"
+                             % (self.names.of("args", key), self.names.of("env")))
             else:
                 passed.append(str(key))
         return passed
@@ -489,8 +489,8 @@ class Preflight(TargetInspection):
         if args.get("delete_ckpt_after_loading") and p["rollback"]:
             self.problem("%s: SGLang deletes the checkpoint under %s after warmup, so "
                          "a later rollback could not load the known-good config from it; drop delete_ckpt_after_loading, or set "
-                         "%s: false to accept redeploys without rollback" % (self.names.of("args", "delete_ckpt_after_loading"),
-                                                                              args.get("model_path"), self.names.of("rollback")))
+                         "%s: false to accept redeploys without rollback"
+                         % (self.names.of("args", "delete_ckpt_after_loading"), args.get("model_path"), self.names.of("rollback")))
         return selected, resolved, args
 
     def _probe_places(self, manager, mode):

@@ -704,8 +704,8 @@ class Replace(object):
             self.record_failure(journal_mod.FAILED, why)
             self.result["rollback"] = {"status": "unavailable",
                                        "detail": "no known-good config under %s (this node was never deployed successfully by "
-                                                 "this collection)%s" % (launch_mod.known_good_dir(self.config_dir),
-                                                                          self.restart_containers())}
+                                                 "this collection)%s"
+                                                 % (launch_mod.known_good_dir(self.config_dir), self.restart_containers())}
             self.observe()
             return
         self.mark(journal_mod.ROLLING_BACK, detail="candidate failed: %s" % why[:300])

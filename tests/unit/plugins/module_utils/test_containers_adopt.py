@@ -186,7 +186,7 @@ def test_docker_without_a_restart_policy_is_only_stopped(runtime):
 def test_podman_keeps_its_policy_and_is_stopped(runtime):
     now, log = runtime("podman")
     record = containers.stop_adopted(containers.adopted_entry(box(runtime="podman"), "x"), 0)
-    assert [a for a in log()][0] == ["podman", "stop", "-t", "0", CID]
+    assert list(log())[0] == ["podman", "stop", "-t", "0", CID]
     assert record["restart_policy_set"] is False and now()["policy"] == "always" and now()["status"] == "exited"
     containers.start_adopted(record)
     assert [a[1] for a in log()][-1] == "start" and "update" not in [a[1] for a in log()]

@@ -456,7 +456,7 @@ def test_launch_params_from_record_over_the_runs_base():
     assert base["api_key"] == "candidate-key" and record["args"] == {"model_path": "/m", "tp_size": 2}    # inputs untouched
     # The record's own CUDA_VISIBLE_DEVICES wins; a record without one, and without effective, takes the base's names.
     out = stored_launch.launch_params_from_record(dict(record, env={"CUDA_VISIBLE_DEVICES": "7"}, effective=None, name=None),
-                                           {"args": {}, "env": {}}, base)
+                                                  {"args": {}, "env": {}}, base)
     assert out["env"] == {"CUDA_VISIBLE_DEVICES": "7"} and out["expect"] is None and out["name"] == "main"
 
 

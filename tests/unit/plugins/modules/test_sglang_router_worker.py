@@ -241,7 +241,7 @@ def test_load_from_metrics():
 
 def test_load_from_get_load():
     assert load.load_from_get_load([{"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 10},
-                                 {"dp_rank": 1, "num_reqs": 1, "num_waiting_reqs": 0}]) == 6
+                                    {"dp_rank": 1, "num_reqs": 1, "num_waiting_reqs": 0}]) == 6
     assert load.load_from_get_load({"num_running_reqs": 1, "num_waiting_reqs": 1}) == 2
     assert load.load_from_get_load([{"dp_rank": 0}]) is None
     assert load.load_from_get_load("x") is None
