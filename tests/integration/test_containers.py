@@ -56,15 +56,24 @@ PREFLIGHT = "Plan the redeploy (inspect the node, resolve the args as its SGLang
 
 
 class Engine(object):
-    """One container runtime: ``cli(*args)`` runs its CLI with ``env`` (CONTAINERS_CONF or DOCKER_HOST)."""
+    """One container runtime: ``cli(*args)`` runs its CLI with ``env`` (CONTAINERS_CONF or DOCKER_HOST) and ``bin``
+    (a directory with the engine's own client, or None) first on PATH; :meth:`over` gives the same to a node env."""
 
-    def __init__(self, runtime, env, image):
+    def __init__(self, runtime, env, image, bin_dir=None):
         self.runtime = runtime
         self.env = env
         self.image = image
+        self.bin = bin_dir
+
+    def over(self, base):
+        """``base`` (an environment) with this engine's variables, and its client first on ``base``'s PATH."""
+        env = dict(base, **self.env)
+        if self.bin:
+            env["PATH"] = "%s:%s" % (self.bin, base.get("PATH") or os.environ.get("PATH", ""))
+        return env
 
     def cli(self, *args, check=True, timeout=120):
-        proc = subprocess.run([self.runtime] + [str(a) for a in args], env=dict(os.environ, **self.env), capture_output=True,
+        proc = subprocess.run([self.runtime] + [str(a) for a in args], env=self.over(dict(os.environ)), capture_output=True,
                               text=True, timeout=timeout, check=False)
         if check and proc.returncode != 0:
             raise AssertionError("%s %s failed (%d): %s" % (self.runtime, " ".join(str(a) for a in args), proc.returncode,
@@ -72,7 +81,7 @@ class Engine(object):
         return proc
 
     def inspect(self, cid):
-        return json.loads(self.cli("container", "inspect", "--format", "json", cid).stdout)[0]
+        return json.loads(self.cli("container", "inspect", cid).stdout)[0]
 
 
 def podman(*args, check=True, timeout=120):
@@ -98,10 +107,14 @@ def _mounted_under(path):
     return sorted((p for p in points if p == str(path) or p.startswith(str(path) + "/")), key=len, reverse=True)
 
 
+# Debian's docker.io client (dpkg -S /usr/bin/docker: docker.io), the one that matches its dockerd.
+DOCKER_IO_CLIENT = "/usr/bin/docker"
+
+
 @pytest.fixture(scope="module")
 def dockerd():
     """A private Docker engine for this module: ``{"env", "image"}``; stopped by its PID at the end."""
-    assert shutil.which("dockerd") and shutil.which("docker"), "docker.io is not installed: run scripts/install-system-deps.sh"
+    assert shutil.which("dockerd") and os.path.exists(DOCKER_IO_CLIENT), "docker.io is not installed: run scripts/install-system-deps.sh"
     assert os.geteuid() == 0, "dockerd needs root"
     base = pathlib.Path(tempfile.mkdtemp(prefix="gpufleet-dockerd-", dir="/tmp"))    # a short path: the socket's
     sock = base / "docker.sock"
@@ -110,19 +123,26 @@ def dockerd():
                              "-H", "unix://%s" % sock, "--pidfile", str(base / "dockerd.pid"), "--bridge=none",
                              "--iptables=false", "--ip-masq=false"], stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
+    # The engine's own client (docker.io's /usr/bin/docker, what a Debian node has) first on PATH, for the tests and
+    # for the collection's modules: a newer client elsewhere on PATH reads some options differently (docker 20.10
+    # prints the word "json" for `container inspect --format json`, which 28.x reads as "the object as JSON").
+    shim = base / "bin"
+    shim.mkdir()
+    (shim / "docker").symlink_to(DOCKER_IO_CLIENT)
     env = {"DOCKER_HOST": "unix://%s" % sock}
     try:
-        engine = Engine("docker", env, None)
+        engine = Engine("docker", env, None, str(shim))
+        assert engine.cli("--version").stdout.startswith("Docker version 20.10"), "not docker.io's client"
         assert wait_until(lambda: proc.poll() is None and engine.cli("version", check=False).returncode == 0, timeout=60,
                           interval=0.5), "dockerd did not start: %s" % (base / "dockerd.log").read_text()[-2000:]
         image = node_image()
         save = subprocess.Popen(["podman", "save", image], env=dict(os.environ, CONTAINERS_CONF=str(CONF)),
                                 stdout=subprocess.PIPE)
-        load = subprocess.run(["docker", "load"], stdin=save.stdout, env=dict(os.environ, **env), capture_output=True,
+        load = subprocess.run(["docker", "load"], stdin=save.stdout, env=engine.over(dict(os.environ)), capture_output=True,
                               text=True, timeout=600, check=False)
         save.stdout.close()
         assert save.wait(timeout=600) == 0 and load.returncode == 0, load.stderr
-        yield {"env": env, "image": image}
+        yield {"env": env, "image": image, "bin": str(shim)}
     finally:
         proc.send_signal(signal.SIGTERM)                   # by its PID; it stops its containerd itself
         try:
@@ -141,7 +161,7 @@ def engine(request):
     if request.param == "podman":
         return Engine("podman", {"CONTAINERS_CONF": str(CONF)}, node_image())
     daemon = request.getfixturevalue("dockerd")
-    return Engine("docker", daemon["env"], daemon["image"])
+    return Engine("docker", daemon["env"], daemon["image"], daemon["bin"])
 
 
 def start_box(engine, started, script, root, port, gpu=True, secret="none"):
@@ -217,7 +237,7 @@ def test_a_foreign_container_on_the_target_gpus_is_refused_named_and_left_runnin
     # The simulated node sees the container's process as the holder of GPU 0 (by its host PID).
     assert sim_node.used(0) >= 1000 and str(pid) in sim_node.smi("--query-compute-apps=pid", "--format=csv,noheader").stdout
     short = box["id"][:12]
-    env = dict(sim_node.env, **engine.env)
+    env = engine.over(sim_node.env)
     for extra in ({}, {"allow_foreign": True}, {"adopt_pids": [pid]}, {"adopt_containers": ["some-other-box"]}):
         res = run_module("sglang_preflight", preflight_args(sim_node, tmp_path, port, **extra), env)
         assert res["failed"] is True, (extra, res.get("msg"))
@@ -257,7 +277,7 @@ def test_the_preflight_adopts_the_port_owner_s_container_or_a_named_one(how, eng
     box = boxed_server(port if how == "port" else free_port(), secret=secret)
     pid = box["pid"]
     extra = {} if how == "port" else {"adopt_containers": [box["name"] if how == "name" else box["id"][:12]]}
-    res = run_module("sglang_preflight", preflight_args(sim_node, tmp_path, port, **extra), dict(sim_node.env, **engine.env))
+    res = run_module("sglang_preflight", preflight_args(sim_node, tmp_path, port, **extra), engine.over(sim_node.env))
     assert res["failed"] is False, (res.get("msg"), res.get("problems"))
     plan = res["plan"]
     why = "serves on the managed port" if how == "port" else "named in adopt_containers (%s)" % extra["adopt_containers"][0]
@@ -279,7 +299,7 @@ def test_a_port_owner_in_its_own_pid_namespace_is_adopted_too(engine, sim_node, 
     table gives, adopted as the port owner (it was refused before issue 24's adoption)."""
     port = free_port()
     box = boxed_server(port, gpu=False)
-    res = run_module("sglang_preflight", preflight_args(sim_node, tmp_path, port), dict(sim_node.env, **engine.env))
+    res = run_module("sglang_preflight", preflight_args(sim_node, tmp_path, port), engine.over(sim_node.env))
     assert res["failed"] is False, (res.get("msg"), res.get("problems"))
     owner = res["plan"]["port_owner"]
     assert owner["pid"] == box["pid"] and owner["container"]["id"] == box["id"] and owner["adoptable"] is True
@@ -310,7 +330,7 @@ def test_redeploy_stops_an_adopted_container_through_its_runtime_and_it_stays_st
         box = start_box(engine, started, script, node.root, node.port if how == "port" else ph.free_port(),
                         secret=node.api_key)
         assert node.used()[0] >= 1000                        # GPU 0 is held by the container's process
-        env = dict(node.host_vars()["sglang_node_environment"], **engine.env)
+        env = engine.over(node.host_vars()["sglang_node_environment"])
         hv = node.host_vars(sglang_node_environment=env, sglang_server_cuda_visible_devices="0,1")
         if how == "name":
             hv["sglang_adopt_containers"] = [box["name"]]
@@ -363,7 +383,7 @@ def test_a_failed_candidate_without_known_good_starts_the_adopted_container_agai
     script.write_text(SERVER)
     try:
         box = start_box(engine, started, script, node.root, node.port, secret=node.api_key)
-        env = dict(node.host_vars()["sglang_node_environment"], **engine.env)
+        env = engine.over(node.host_vars()["sglang_node_environment"])
         hv = node.host_vars(sglang_node_environment=env, sglang_server_cuda_visible_devices="0,1",
                             server_env={"SGLANG_SIM_CRASH_ON_LOAD": "1"})
         run = node.run(host_vars=hv)

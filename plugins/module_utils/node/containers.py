@@ -14,7 +14,7 @@ policy, or the kubelet) starts it again and it takes the port and the GPUs back 
   cgroup v1 and v2 alike (every hierarchy line is read).
 * :func:`container_of`: the same for a PID (None when it is gone or on the host).
 * :func:`foreign_container`: the container of a PID unless it is the one this module itself runs in.
-* :func:`inspect`: name, image and restart policy from ``<runtime> container inspect --format json <id>`` where the
+* :func:`inspect`: name, image and restart policy from ``<runtime> container inspect <id>`` where the
   CLI is installed; never raises (without the CLI, or when it fails, the id alone names the container).
 * :func:`describe` and :func:`fix`: the words the preflight uses.
 * :func:`adoptable` (pure), :func:`adopted_entry`: which containers the plan adopts (a docker or podman container that
@@ -83,10 +83,12 @@ def foreign_container(pid, proc_root=procfs.PROC_ROOT, own=None):
 
 
 def parse_inspect(text):
-    """Name, image, image id, restart policy and status from ``docker/podman container inspect --format json``.
+    """Name, image, image id, restart policy and status from ``docker/podman container inspect <id>``.
 
-    Both print a JSON list with one object per container; docker's ``Name`` has a leading ``/``, podman adds
-    ``ImageName``. Returns a dict (missing fields None) or None when the text is not such a list."""
+    Both print a JSON list with one object per container by default (no ``--format``: docker 20.10's CLI, the one
+    Debian 12 ships, prints the word ``json`` for ``--format json``; measured); docker's ``Name`` has a leading
+    ``/``, podman adds ``ImageName``. A single object is read too. Returns a dict (missing fields None) or None when
+    the text is neither."""
     try:
         data = json.loads(text)
     except (TypeError, ValueError):
@@ -114,7 +116,7 @@ def parse_inspect(text):
 def inspect(found, timeout=INSPECT_TIMEOUT, which=shutil.which, run=subprocess.run):
     """``found`` (from :func:`container_of`) with name, image, image_id, restart_policy and ``inspected`` added.
 
-    ``<runtime> container inspect --format json <id>`` (argv list, ``timeout`` s) where the runtime's CLI is in PATH.
+    ``<runtime> container inspect <id>`` (argv list, ``timeout`` s) where the runtime's CLI is in PATH.
     A missing CLI, an error or unparsable output leaves those fields None and ``inspect_error`` says why."""
     out = dict(found, name=None, image=None, image_id=None, restart_policy=None, inspected=False, inspect_error=None)
     cli = CLIS.get(found.get('runtime'))
@@ -124,7 +126,7 @@ def inspect(found, timeout=INSPECT_TIMEOUT, which=shutil.which, run=subprocess.r
         return out
     try:
         # A helper with no module at hand (the preflight's census); argv list, a timeout, never a shell.
-        proc = run([path, 'container', 'inspect', '--format', 'json', found['id']], stdin=subprocess.DEVNULL,  # pylint: disable=ansible-bad-function
+        proc = run([path, 'container', 'inspect', found['id']], stdin=subprocess.DEVNULL,  # pylint: disable=ansible-bad-function
                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         out['inspect_error'] = '%s container inspect failed: %s' % (cli, exc)
@@ -259,7 +261,7 @@ def state(c, which=shutil.which, run=subprocess.run, timeout=INSPECT_TIMEOUT):
     if not path:
         return None, None
     try:
-        rc, out, dummy = _run([path, 'container', 'inspect', '--format', 'json', c['id']], timeout, run)
+        rc, out, dummy = _run([path, 'container', 'inspect', c['id']], timeout, run)
     except (OSError, subprocess.SubprocessError):
         return None, None
     info = parse_inspect(out) if rc == 0 else None

@@ -134,7 +134,7 @@ def test_inspect_names_the_container_through_its_cli():
     run = Runs(subprocess.CompletedProcess([], 0, text, b""))
     found = {"runtime": "podman", "id": CID, "part": "container"}
     out = containers.inspect(found, which=lambda name: "/usr/bin/" + name, run=run)
-    assert run.argv == [["/usr/bin/podman", "container", "inspect", "--format", "json", CID]]
+    assert run.argv == [["/usr/bin/podman", "container", "inspect", CID]]
     assert run.kwargs["timeout"] == containers.INSPECT_TIMEOUT and run.kwargs["check"] is False
     assert out["inspected"] is True and out["name"] == "blissful_yalow" and out["restart_policy"] == "always"
     assert out["id"] == CID and out["runtime"] == "podman"

@@ -167,7 +167,7 @@ def test_docker_turns_the_restart_policy_off_then_stops_with_the_grace(runtime):
     now, log = runtime("docker")
     record = containers.stop_adopted(containers.adopted_entry(box(), "x"), 7.2)
     assert [a[1:] for a in log()] == [["update", "--restart=no", CID], ["stop", "-t", "8", CID],
-                                      ["container", "inspect", "--format", "json", CID]]
+                                      ["container", "inspect", CID]]
     assert now()["status"] == "exited" and now()["policy"] == "no"
     assert record["stopped"] is True and record["restart_policy_set"] is True and record["restart_policy"] == "always"
     assert "turned off" in containers.stopped_line(record)
