@@ -17,10 +17,10 @@ import shutil
 import pytest
 import yaml
 
-from playbook_helpers import FAST_SERVER_ENV, VENV_BIN, SimNode, alive, wait_for
-from test_awx_project import EXAMPLE, TEMPLATE, _project, _run, installed, procs  # noqa: F401 (fixtures)
+from playbook_helpers import FAST_SERVER_ENV, VENV_BIN, SimNode, alive, module_procs, wait_for
+from test_awx_project import EXAMPLE, TEMPLATE, _project, _run, installed  # noqa: F401 (fixtures)
 
-__all__ = ["installed", "procs"]   # the fixtures, used as test parameters
+__all__ = ["installed", "module_procs"]   # the fixtures (module_procs is the fixture "procs"), used as test parameters
 
 pytestmark = pytest.mark.slow
 

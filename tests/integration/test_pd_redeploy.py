@@ -25,7 +25,8 @@ import pytest
 
 import playbook_helpers
 from playbook_helpers import SimNode, alive, free_port, http_get
-from test_router_rolling import Load, _smg1, wait_for as rr_wait  # noqa: E402 - helpers, not tests
+from launch_helpers import smg1_binary  # noqa: E402
+from test_router_rolling import Load, wait_for as rr_wait  # noqa: E402 - helpers, not tests
 
 pytestmark = pytest.mark.slow
 
@@ -210,7 +211,7 @@ def start_pd_router(procs, tmp_path, api_key):
     The router has the servers' key: in PD mode smg 1.x sends its caller's Authorization header to the prefill and
     decode servers, never the worker's registered key (test_sglang_router_worker measures it)."""
     port, prom = free_port(), free_port()
-    argv = [_smg1(), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+    argv = [smg1_binary(), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
             "--prometheus-port", str(prom), "--api-key", api_key] + SMG_PD_FLAGS
     env = dict(os.environ, HF_HUB_OFFLINE="1", NO_PROXY="*", no_proxy="*")
     proc = procs.spawn(argv, env=env, log=tmp_path / "router.log")
