@@ -125,16 +125,13 @@ def inspect(found, timeout=INSPECT_TIMEOUT, which=shutil.which, run=subprocess.r
         out['inspect_error'] = ('%s is not installed here' % cli) if cli else 'no CLI of %s is used here' % found.get('runtime')
         return out
     try:
-        # A helper with no module at hand (the preflight's census); argv list, a timeout, never a shell.
-        proc = run([path, 'container', 'inspect', found['id']], stdin=subprocess.DEVNULL,  # pylint: disable=ansible-bad-function
-                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, check=False)
+        rc, text, err = _run([path, 'container', 'inspect', found['id']], timeout, run)     # the preflight's census
     except (OSError, subprocess.SubprocessError) as exc:
         out['inspect_error'] = '%s container inspect failed: %s' % (cli, exc)
         return out
-    info = parse_inspect(proc.stdout.decode('utf-8', 'replace') if isinstance(proc.stdout, bytes) else proc.stdout)
-    if proc.returncode != 0 or info is None:
-        err = proc.stderr.decode('utf-8', 'replace') if isinstance(proc.stderr, bytes) else (proc.stderr or '')
-        out['inspect_error'] = '%s container inspect exited %s: %s' % (cli, proc.returncode, err.strip()[:200] or 'no output')
+    info = parse_inspect(text)
+    if rc != 0 or info is None:
+        out['inspect_error'] = '%s container inspect exited %s: %s' % (cli, rc, err[:200] or 'no output')
         return out
     for key in ('name', 'image', 'image_id', 'restart_policy'):
         out[key] = info[key]
