@@ -35,6 +35,7 @@ extends_documentation_fragment:
   - action_common_attributes
   - gpufleet.sglang.tls
   - gpufleet.sglang.option_labels
+  - gpufleet.sglang.container
 attributes:
   check_mode:
     support: full
@@ -88,8 +89,10 @@ options:
         itself (C(ExecStart) from the same renderer as the argv, secrets through a 0600 C(--config) file and a 0600
         C(EnvironmentFile)) and reloads systemd when it changed; without it the unit must exist. The PID is the
         unit's C(MainPID); the log is O(log_file) when the unit writes it, else the journal.
+      - V(docker) and V(podman) run it in a container from O(image) through the runtime's CLI (C(run -d), C(stop -t),
+        C(logs)); see O(container). The PID is the host PID of the container's main process.
     type: str
-    choices: [process, systemd]
+    choices: [process, systemd, docker, podman]
     default: process
   unit:
     description:
@@ -455,7 +458,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import rend
 NAME_RE = re.compile(r"^[A-Za-z0-9_.@-]+$")
 PASSED = ("name", "version", "manager", "unit", "unit_dir", "python", "args", "api_key", "env", "chdir", "host", "port",
           "state_dir", "pid_file", "log_file", "config_file", "health_path", "health_timeout", "stop_timeout",
-          "keep_on_failure", "expect", "on_override", "allow_api_key_in_argv", "record_file", "record_extra")
+          "keep_on_failure", "expect", "on_override", "allow_api_key_in_argv", "record_file", "record_extra", "image", "container")
 
 
 def argument_spec():
@@ -464,7 +467,9 @@ def argument_spec():
         state=dict(type="str", default="started", choices=["started", "stopped", "restarted"]),
         args=dict(type="dict"),
         version=dict(type="str", default="0.5.23"),
-        manager=dict(type="str", default="process", choices=["process", "systemd"]),
+        manager=dict(type="str", default="process", choices=["process", "systemd", "docker", "podman"]),
+        image=dict(type="str"),
+        container=dict(type="dict"),
         unit=dict(type="str"),
         unit_dir=dict(type="path"),
         python=dict(type="str", default="python3"),

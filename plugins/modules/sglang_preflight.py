@@ -97,9 +97,13 @@ options:
     type: str
     default: ""
   manager:
-    description: V(systemd), V(process), or V(auto) (systemd when it runs as PID 1).
+    description:
+      - V(systemd), V(process), or V(auto) (systemd when it runs as PID 1).
+      - V(docker) or V(podman) run the server in a container from O(image) (see O(container)); the preflight finds or
+        pulls the image before anything is touched, records its ID and digest, and resolves the args with the SGLang
+        inside it.
     type: str
-    choices: [auto, process, systemd]
+    choices: [auto, process, systemd, docker, podman]
     default: auto
   unit:
     description: systemd unit name. Default C(sglang-<name>.service).
@@ -266,6 +270,7 @@ extends_documentation_fragment:
   - action_common_attributes
   - gpufleet.sglang.tls
   - gpufleet.sglang.option_labels
+  - gpufleet.sglang.container
 attributes:
   check_mode:
     support: full
@@ -481,7 +486,9 @@ def argument_spec():
         resolution=dict(type="str", default="auto", choices=["auto", "node", "mirror"]),
         resolution_timeout=dict(type="float", default=120),
         arch=dict(type="str", default=""),
-        manager=dict(type="str", default="auto", choices=["auto", "process", "systemd"]),
+        manager=dict(type="str", default="auto", choices=["auto", "process", "systemd", "docker", "podman"]),
+        image=dict(type="str"),
+        container=dict(type="dict"),
         unit=dict(type="str"),
         unit_dir=dict(type="path", default="/etc/systemd/system"),
         python=dict(type="str", default="python3"),

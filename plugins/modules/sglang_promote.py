@@ -42,7 +42,7 @@ options:
   manager:
     description: Process manager of the server.
     type: str
-    choices: [process, systemd]
+    choices: [process, systemd, docker, podman]
     default: process
   unit:
     description: systemd unit. Default C(sglang-<name>.service).
@@ -379,7 +379,7 @@ def main():
             name=dict(type="str", required=True),
             config_dir=dict(type="path", required=True),
             state_dir=dict(type="path", required=True),
-            manager=dict(type="str", default="process", choices=["process", "systemd"]),
+            manager=dict(type="str", default="process", choices=["process", "systemd", "docker", "podman"]),
             unit=dict(type="str"),
             unit_dir=dict(type="path", default="/etc/systemd/system"),
             promote=dict(type="bool", default=True),

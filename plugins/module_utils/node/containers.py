@@ -110,6 +110,7 @@ def parse_inspect(text):
         'restart_policy': policy.get('Name') or 'no',
         'status': state.get('Status'),
         'pid': state.get('Pid'),
+        'labels': dict(config.get('Labels') or {}) if isinstance(config.get('Labels'), dict) else {},
     }
 
 

@@ -82,7 +82,7 @@ def _canon(value):
         return text
 
 
-def identity(version, manager, python, args, env=None, chdir=None, salt="", secret_args=()):
+def identity(version, manager, python, args, env=None, chdir=None, salt="", secret_args=(), container=None):
     """The canonical, order-free form of a launch (secrets digested); see the module docstring.
 
     ``args``: the rendered server args (field -> value; False and None mean "not set").
@@ -103,7 +103,7 @@ def identity(version, manager, python, args, env=None, chdir=None, salt="", secr
         key = str(key)
         value = "" if value is None else str(value)
         out_env[key] = secret_digest(salt, value) if secret_rules.is_secret_name(key) else value
-    return {
+    out = {
         "version": str(version),
         "manager": str(manager),
         "python": str(python),
@@ -111,6 +111,10 @@ def identity(version, manager, python, args, env=None, chdir=None, salt="", secr
         "env": dict(sorted(out_env.items())),
         "chdir": chdir or "",
     }
+    if container:
+        # A container's launch (issue 24): its image ID and run options are part of what runs.
+        out["container"] = _canon(container)
+    return out
 
 
 def fingerprint(ident):

@@ -122,7 +122,10 @@ def decide(setting, facts, action, router_url="", worker_url="", manager="proces
         reasons.append("a multi-node server (nnodes > 1) is replaced as one group")
     if pd_role:
         reasons.append("a prefill/decode (%s) server follows the prefill/decode rollout" % pd_role)
-    if manager != "process":
+    if manager in ("docker", "podman"):
+        reasons.append("the %s manager runs one container per server name (sglang-<name>) and a second one for the "
+                       "candidate is not supported; use %s: process for overlap" % (manager, names.of("manager")))
+    elif manager != "process":
         reasons.append("the %s manager runs one unit per server name (sglang-<name>.service) and a second unit for the "
                        "candidate is not supported; use %s: process for overlap" % (manager, names.of("manager")))
     if recovering:

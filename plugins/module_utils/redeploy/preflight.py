@@ -25,6 +25,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.server import laun
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import survey as pf
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
+from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import image_plan
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import overlap
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secrets as secret_rules
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
@@ -90,6 +91,7 @@ class Preflight(TargetInspection):
         self.node = {}
         self.short_of_gpus = None
         self.manager = None
+        self.image = None
         self.began = time.monotonic()
         # The compile caches (cache_dir): filled in by check_caches() before any launch spec is built.
         self.cache_info = {"dir": "", "env": {}, "kept": [], "dirs": []}
@@ -140,7 +142,8 @@ class Preflight(TargetInspection):
             "unit_dir": p["unit_dir"] if manager == "systemd" else None, "python": p["python"], "args": args,
             "api_key": p["api_key"], "env": env, "chdir": p["chdir"], "user": p["user"], "group": p["group"],
             "environment_file": p["environment_file"], "config_dir": p["config_dir"], "state_dir": p["state_dir"],
-            "log_file": p["log_file"],
+            "log_file": p["log_file"], "container": p.get("container"),
+            **image_plan.launch_fields(self.image),
         }
 
     def spec(self, args, manager):
@@ -194,7 +197,8 @@ class Preflight(TargetInspection):
         env = dict((str(k), str(v)) for k, v in (p["env"] or {}).items())
         resolved = node_or_mirror.resolve_for_node(
             args, version=p["version"], arch=p["arch"] or arch, policy=p["spec_policy"], draft_arch=draft_arch, env=env,
-            gpu=gpu, source=p["resolution"], python=p["python"], timeout=p["resolution_timeout"], names=self.names)
+            gpu=gpu, source=p["resolution"], python=p["python"], timeout=p["resolution_timeout"], names=self.names,
+            image=self.image if self.image and self.image.get("id") else None, mounts=image_plan.model_mounts(args))
         for error in resolved.get("errors") or []:
             self.problem(error)
         return resolved
@@ -406,6 +410,7 @@ class Preflight(TargetInspection):
         p = self.p
         mode, value_problems = self._check_inputs()
         manager, is_systemd = self._pick_manager()
+        self.image = image_plan.check_image(self, manager)
         selected, resolved, args = self._resolve_on_node(is_systemd, value_problems)
         self.secret_arg_names = self.check_arg_secrets(p["args"] or {})
         self.check_caches()
@@ -459,6 +464,8 @@ class Preflight(TargetInspection):
         is_systemd = systemd.running()
         if manager == "auto":
             manager = "systemd" if is_systemd else "process"
+        elif manager in launch_mod.CONTAINER_MANAGERS:
+            pass                                   # the runtime's CLI and the image: image_plan.check_image
         elif manager == "systemd" and not is_systemd:
             self.problem("%s: systemd is not running on this node (PID 1 is not systemd); set "
                          "%s: process or auto" % (self.names.of("manager"), self.names.of("manager")))
@@ -552,6 +559,7 @@ class Preflight(TargetInspection):
             "lora_adapters": found.get("lora_adapters") or [],
             "action": decision["action"], "why": decision["why"], "recovering": decision["recovering"],
             "interrupted": decision["interrupted"], "target_gpus": list(p["gpus"]), "manager": manager,
+            "image": dict((k, v) for k, v in (self.image or {}).items() if k != "cli") or None,
             "url": launcher.url, "argv": launcher.masked(launcher.argv), "fingerprint": launcher.fp,
             # The one launch spec (args after resolution, env, manager, unit, files), built here once: the deploy hands
             # it to sglang_replace with the fingerprint, and sglang_replace refuses, before the teardown, a spec that
@@ -691,9 +699,12 @@ def _fmt(value):
 
 def plan_lines(host, plan, resolved, lease_info, names=PLAIN):
     """The plan in readable lines, for the play's output."""
-    lines = ["%s: %s (%s); GPUs %s; manager %s; args resolved by the %s%s; rollback %s" % (
+    image = plan.get("image") or {}
+    lines = ["%s: %s (%s); GPUs %s; manager %s%s; args resolved by the %s%s; rollback %s" % (
         host, plan["action"], plan["why"], ",".join(str(g) for g in plan["target_gpus"]), plan["manager"],
-        ("node's SGLang %s" % (resolved.get("node_version") or "")).strip() if resolved.get("source") == "node"
+        (", image %s" % image["words"]) if image.get("words") else "",
+        (("SGLang %s of image %s" % (resolved.get("node_version") or "", image.get("words"))) if image.get("id") else
+         ("node's SGLang %s" % (resolved.get("node_version") or "")).strip()) if resolved.get("source") == "node"
         else "collection's mirror",
         (" (%s)" % resolved["fallback"]) if resolved.get("fallback") else "",
         "ready" if plan["rollback_ready"] else "not possible: %s" % plan["known_good"].get("why"))]

@@ -213,7 +213,9 @@ class Replace(object):
             ", ".join(str(x) for x in td.get("pids") or []) or "the holders", ",".join(str(g) for g in td.get("gpus") or [])))
         self.stop_containers(boxes, td)
         unit = launch.get("unit") or "sglang-%s.service" % launch.get("name", "main")
-        if launch.get("manager") == "systemd":
+        if launch.get("manager") in launch_mod.CONTAINER_MANAGERS:
+            self.stop_managed_container()
+        elif launch.get("manager") == "systemd":
             systemctl = self.module.get_bin_path("systemctl", required=True)
             run = _runner(self.module)
             try:
@@ -253,6 +255,23 @@ class Replace(object):
         self.wait_ports(td.get("ports") or [])
         self.mark(journal_mod.TORN_DOWN, detail="the target GPUs and ports are free")
         self.part = "launch"
+
+    def stop_managed_container(self):
+        """The server this collection runs in a container is stopped through its runtime (``<cli> stop -t``), never
+        signalled from the host; the drain then finds its processes gone and proves the GPUs and ports free."""
+        params = self.launch_params("candidate")
+        launcher = launch_mod.Launcher(self.module, params, check_mode=True)
+        cur = launcher.current()
+        if not cur.get("pid"):
+            return
+        self.result["container_stopped"] = dict(cur.get("container") or {}, pid=cur["pid"])
+        self.touch()
+        self.result["torn_down"] = True
+        try:
+            launcher.stop(cur)
+        except launch_mod.LaunchError as exc:
+            raise teardown.DrainError("the server's container could not be stopped through its runtime: %s" % exc.msg,
+                                      {"container_stopped": self.result["container_stopped"], "signalled": []})
 
     def stop_containers(self, boxes, td):
         """The adopted containers of the plan (the preflight's plan.containers) are stopped through their runtime with
@@ -796,6 +815,9 @@ def _launch_line(launch, label):
     # An in-place weight update (phase weights) restarts nothing: no URL or start-up time to show, not "None".
     where = (" at %s" % launch["url"] if launch.get("url") else "") + \
         (" after %s s" % launch["startup_s"] if launch.get("startup_s") is not None else "")
+    box = launch.get("container") or {}
+    if box.get("name"):
+        where += " in container %s (id %s, image %s)" % (box["name"], str(box.get("id") or "?")[:12], launch.get("image_words") or box.get("image"))
     return "%s PID %s healthy%s; %s" % (label, launch.get("pid"), where, check)
 
 
@@ -804,6 +826,10 @@ def result_lines(result):
     lines = []
     for box in result.get("containers_stopped") or []:
         lines.append("stopped through its runtime: %s" % containers.stopped_line(box))
+    old = result.get("container_stopped")
+    if old:
+        lines.append("stopped the server's container %s (id %s, image %s) through its runtime" % (
+            old.get("name"), str(old.get("id") or "?")[:12], old.get("image")))
     if result.get("torn_down"):
         lines.append("signalled: %s" % _signalled_line(result.get("signalled")))
     if "gpus_free" in result:

@@ -35,7 +35,9 @@ class TargetInspection(object):
         record = cur.get("record") or {}
         recorded = [(record.get("pid"), record.get("starttime"))] if record.get("pid") else []
         listening, owners = sockets.port_listeners(launcher.port)
-        boxed = self.container_lookup()
+        # The server this collection runs in a container (managers docker, podman) is the managed server, not a
+        # container to adopt or refuse: its processes are the managed tree, and the teardown stops it through its runtime.
+        boxed = self.container_lookup(((cur.get("container") or {}).get("id")) if cur["pid"] else None)
         port_owner, adopt_from_port = self._port_owner(launcher, table, selected, managed_pids, listening, owners, boxed)
         holders = self._gpu_holders(launcher, selected, table, managed_pids, recorded, adopt_from_port)
         self._check_holders(holders, boxed)
@@ -176,7 +178,7 @@ class TargetInspection(object):
                 teardown.remove(pid)                                    # never signalled from the host
         return expected, teardown
 
-    def container_lookup(self):
+    def container_lookup(self, managed_id=None):
         """``boxed(pid)``: the container (inspected, once per container) a process runs in, unless it is this module's
         own; None on the host. Starts the per-run list of containers to refuse (:meth:`refuse_container`)."""
         own = containers.container_of("self")
@@ -186,7 +188,7 @@ class TargetInspection(object):
 
         def boxed(pid):
             found = containers.foreign_container(pid, own=own or {})
-            if not found:
+            if not found or (managed_id and found["id"] == managed_id):
                 return None
             key = (found["runtime"], found["id"], found["part"])
             if key not in seen:

@@ -16,6 +16,7 @@ DEFAULTS = {
     "config_file": None, "health_path": "/health_generate", "health_timeout": 1800.0, "stop_timeout": 60.0,
     "keep_on_failure": False, "expect": None, "adjustments": [], "on_override": "fail", "allow_api_key_in_argv": False,
     "record_file": None, "record_extra": {}, "check_config": True, "secret_env": None, "secret_args": None,
+    "image": None, "image_ref": None, "image_digest": None, "container": None,
 }
 
 

@@ -124,6 +124,14 @@ class LaunchPlan(object):
         """The interpreter (a path, or a name found on the server's PATH) and the argv it runs."""
         p = self.p
         python = self.python
+        if self.box is not None:
+            # Inside the image: its own interpreter (no host path to check); the runtime's CLI is checked instead.
+            self.python_path = python or "python3"
+            self.argv = self.container_inner_argv()
+            if not self.ctx.get_bin_path(self.manager, required=False):
+                self.blockers.append("%s: %s is not installed on this node (or not in PATH); install it or choose another manager"
+                                     % (self.names.of("manager"), self.manager))
+            return
         if self.manager == "process" or "/" not in python:
             if "/" in python:
                 if not (os.path.isfile(python) and os.access(python, os.X_OK)):
@@ -149,7 +157,7 @@ class LaunchPlan(object):
         all_env = dict(self.env)
         all_env.update(self.secret_env)
         self.identity = identity.identity(self.version, self.manager, self.python, all_args, all_env, p["chdir"], salt,
-                                          secret_args=tuple(self.secret_args))
+                                          secret_args=tuple(self.secret_args), container=self.container_identity())
         self.fp = identity.fingerprint(self.identity)
         if self.unit_path:
             env_files = [p["environment_file"]] if p["environment_file"] else []
@@ -168,7 +176,7 @@ class LaunchPlan(object):
         all_env = dict(self.env)
         all_env.update(self.secret_env)
         self.identity = identity.identity(self.version, self.manager, self.python, all_args, all_env, self.p["chdir"], salt,
-                                          secret_args=tuple(self.secret_args))
+                                          secret_args=tuple(self.secret_args), container=self.container_identity())
         self.fp = identity.fingerprint(self.identity)
         if self.unit_text is not None:
             env_files = [self.p["environment_file"]] if self.p["environment_file"] else []
@@ -183,7 +191,7 @@ class LaunchPlan(object):
                 "secret_env": dict(self.secret_env), "secret_args": dict(self.secret_args), "version": self.version,
                 "config_path": self.config_path if self.config_text is not None else None,
                 "unit_path": self.unit_path if self.unit_text is not None else None, "unit_text": self.unit_text,
-                "secrets": list(self.secrets)}
+                "secrets": list(self.secrets), "image": self.image_words()}
 
     # ---------------- record and files ----------------
 
@@ -195,6 +203,8 @@ class LaunchPlan(object):
             cuda_visible_devices=self.env.get("CUDA_VISIBLE_DEVICES", ""), chdir=self.p["chdir"], fingerprint=self.fp,
             unit=self.unit if self.manager == "systemd" else None,
         )
+        if self.box is not None:
+            record.update(image=self.image_record(), container=dict(self.box, name=self.container_name))
         # The names of the secrets (their values live in the 0600 secrets.json only); added after the masking,
         # which would mask the lists themselves (their keys are secret-named).
         record["secret_args"] = sorted(self.secret_args)

@@ -36,6 +36,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.common import secr
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import systemd
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server.config_check import ConfigCheck
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server.container_control import MANAGERS as CONTAINER_MANAGERS, ContainerControl
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server.health_gate import HealthGate
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server.launch_plan import LaunchPlan
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server.launch_params import (
@@ -47,10 +48,10 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.server.stored_laun
 
 # The engine's API as its callers (sglang_launch, redeploy/replace.py, redeploy/preflight.py) name it.
 __all__ = ["DEFAULTS", "DEFAULT_PORT", "LaunchError", "Launcher", "candidate_dir", "gid_of", "known_good_dir",
-           "launch_params_from_record", "load_record", "norm_key", "read_json", "running_diff_source", "uid_of"]
+           "launch_params_from_record", "load_record", "norm_key", "read_json", "running_diff_source", "uid_of", "CONTAINER_MANAGERS"]
 
 
-class Launcher(LaunchPlan, ProcessControl, ServerLogs, HealthGate, ConfigCheck):
+class Launcher(LaunchPlan, ContainerControl, ProcessControl, ServerLogs, HealthGate, ConfigCheck):
     """One server's launch, from ``params`` (see DEFAULTS). ``ctx``: the module (run_command, get_bin_path, warn)."""
 
     def __init__(self, ctx, params, check_mode=False):
@@ -67,6 +68,8 @@ class Launcher(LaunchPlan, ProcessControl, ServerLogs, HealthGate, ConfigCheck):
         self.pid_file = p["pid_file"] or os.path.join(self.state_dir, "server.pid")
         self.state_file = sp.state_path_for(self.pid_file)
         self.log_file = p["log_file"] or (os.path.join(self.state_dir, "server.log") if self.manager == "process" else None)
+        if self.manager in CONTAINER_MANAGERS:
+            self.log_file = None                   # the runtime keeps the container's log (``<cli> logs``)
         files = candidate_dir(p["config_dir"]) if p["config_dir"] else self.state_dir
         self.files_dir = files
         self.config_path = p["config_file"] or os.path.join(files, "config.yaml")
@@ -96,6 +99,10 @@ class Launcher(LaunchPlan, ProcessControl, ServerLogs, HealthGate, ConfigCheck):
         self.started_wall = None
         self.result = {}
         self._systemctl = None
+        self.box = None
+        self.image = None
+        if self.manager in CONTAINER_MANAGERS:
+            self.container_setup()
 
     # ---------------- helpers ----------------
 

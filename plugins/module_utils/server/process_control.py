@@ -34,7 +34,9 @@ class ProcessControl(object):
         """What runs now: ``{pid, start, record, fingerprint, source, argv}`` (pid None: nothing)."""
         record = sp.read_state(self.state_file)
         cur = {"pid": None, "start": None, "record": record, "fingerprint": None, "source": None, "argv": None}
-        if self.manager == "process":
+        if self.box is not None:
+            self.box_current(cur)
+        elif self.manager == "process":
             pid = sp.read_pid_file(self.pid_file)
             if pid and sp.alive(pid):
                 start = sp.starttime(pid)
@@ -81,7 +83,9 @@ class ProcessControl(object):
         has its exit status: a death by SIGTERM or exit status 143 is a normal stop, ``normal_stop``)."""
         timeout = self.p["stop_timeout"]
         pid, start = cur["pid"], cur["start"]
-        if self.manager == "process":
+        if self.box is not None:
+            report = self.box_stop(cur)
+        elif self.manager == "process":
             report = sp.stop_tree(pid, start, timeout=timeout, is_child=bool(cur.get("is_child")))
         else:
             members = sp.tree(pid)
@@ -132,7 +136,10 @@ class ProcessControl(object):
                 % (self.port, owner, self.name))
         started_wall = time.time()
         self.result["url"] = self.url
-        if self.manager == "process":
+        self.started_wall = started_wall
+        if self.box is not None:
+            pid, log_offset, is_child = self.box_start()
+        elif self.manager == "process":
             env = dict(os.environ)
             env.update(self.env)
             env.update(self.secret_env)
@@ -168,5 +175,7 @@ class ProcessControl(object):
             "log_offset": log_offset,
             "started_at": started_wall, "unit": self.unit if self.manager == "systemd" else None,
         }
+        if self.box is not None:
+            state["container"] = self.result.get("container")
         sp.write_state(self.state_file, state)
         return pid, start, log_offset, is_child

@@ -37,6 +37,8 @@ class ServerLogs(object):
             os.close(fd)
 
     def log_text(self, offset, since_wall=None):
+        if getattr(self, "box", None) is not None:
+            return self.box_log_text(since_wall)
         if self.log_file and (self.manager == "process" or os.path.exists(self.log_file) and sp.log_size(self.log_file) > (offset or 0)):
             return sp.read_log(self.log_file, offset)
         if self.manager == "systemd":

@@ -54,6 +54,11 @@ def launch_params_from_record(record, stored, base):
         args=args, env=env, chdir=record.get("chdir"), api_key=None,
         expect=record.get("effective") or None, adjustments=record.get("adjustments") or [],
     )
+    if record.get("image"):
+        # A container's record: the image ID starts exactly the image that ran, even after its tag moved (issue 24).
+        image = record["image"]
+        params.update(image=image.get("id") or image.get("ref"), image_ref=image.get("ref"), image_digest=image.get("digest"),
+                      container=dict(record.get("container") or {}))
     return params
 
 

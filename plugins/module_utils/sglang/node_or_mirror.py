@@ -46,15 +46,23 @@ def version_mismatch(declared, answered, python, names=PLAIN):
 
 
 def resolve_for_node(args, version, arch=None, policy="honor_draft_tokens", draft_arch=None, env=None, gpu=None,
-                     source="auto", python="python3", timeout=120.0, names=PLAIN):
+                     source="auto", python="python3", timeout=120.0, names=PLAIN, image=None, mounts=()):
+    """``image``: the plan's image (managers docker and podman): the oracle runs inside it (no GPU, no network)."""
     if source not in SOURCES:
         raise ValueError("resolution must be one of %s, got %r" % (", ".join(SOURCES), source))
     oracle = None
-    if python and not os.path.isabs(str(python)):
+    inner_python = str(python or "python3")         # in an image: its own interpreter, as the container runs it
+    if python and not image and not os.path.isabs(str(python)):
         # sglang_server_python may be a bare name: the server finds it on its PATH, so does the oracle.
         found = shutil.which(str(python), path=(env or {}).get("PATH") or os.environ.get("PATH", os.defpath))
         python = found or python
-    if source != "mirror":
+    if source != "mirror" and image:
+        def ask_node(rendered):
+            return oracle_mod.resolve_in_image(image["cli"], image["id"], rendered, version, gpu, env=env, mounts=mounts,
+                                               timeout=timeout, python=inner_python)
+        oracle = ask_node
+        python = "image %s" % image.get("words")
+    elif source != "mirror":
         def ask_node(rendered):
             return oracle_mod.resolve_on_node(python, rendered, version, gpu, env=env, timeout=timeout,
                                               python_label=names.of("python"))
