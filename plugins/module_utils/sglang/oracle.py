@@ -10,6 +10,10 @@ list, the request as JSON on stdin, a timeout, and a kill of that process's
 group by PID when it runs over; no shell. The helper never touches a GPU (see
 its docstring). Standard library only, Python 3.9+.
 
+``resolve_in_image`` (issue 24) runs the same helper with the Python inside a
+container image (``<cli> run --rm -i --network none --pull never ...``): no
+GPU, no network, the request on stdin; its result has ``"image"`` too.
+
 Result::
 
     {"source": "node", "ok", "sglang_version", "args", "warnings", "error",
@@ -98,6 +102,13 @@ def run_helper(python, request, timeout=DEFAULT_TIMEOUT, cwd=None, env=None, pyt
     if not os.access(python, os.X_OK) or os.path.isdir(python):
         raise OracleUnavailable("%s: no executable interpreter there; set the server's python (%s) "
                                 "to the interpreter of the SGLang installation" % (where, python_label))
+    return run_argv([python], request, where, timeout=timeout, cwd=cwd, env=env)
+
+
+def run_argv(prefix, request, where, timeout=DEFAULT_TIMEOUT, cwd=None, env=None, on_timeout=None):
+    """Run ``prefix + ["-c", helper source]`` (``prefix`` ends with a Python interpreter) on ``request`` (JSON on
+    stdin); returns the helper's decoded answer. ``where`` starts every error; ``on_timeout()`` runs after the kill
+    (a container runtime removes what the killed client left running). Raises OracleUnavailable."""
     source = helper_source()
     child_env = dict(os.environ if env is None else env)
     child_env.pop("PYTHONSTARTUP", None)
@@ -105,7 +116,7 @@ def run_helper(python, request, timeout=DEFAULT_TIMEOUT, cwd=None, env=None, pyt
     started = time.time()
     try:
         # Not AnsibleModule.run_command: the helper needs its own session (killed as a group on timeout) and a deadline.
-        proc = subprocess.Popen([python, "-c", source], stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # pylint: disable=ansible-bad-function
+        proc = subprocess.Popen(list(prefix) + ["-c", source], stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # pylint: disable=ansible-bad-function
                                 stderr=subprocess.PIPE, cwd=cwd, env=child_env, start_new_session=True,
                                 close_fds=True)
     except OSError as exc:
@@ -114,6 +125,8 @@ def run_helper(python, request, timeout=DEFAULT_TIMEOUT, cwd=None, env=None, pyt
         out, err = proc.communicate(payload.encode(), timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill(proc)
+        if on_timeout is not None:
+            on_timeout()
         raise OracleUnavailable("%s: no answer within %.0f s (the helper, PID %d, was killed)" % (where, timeout, proc.pid))
     elapsed = time.time() - started
     text = out.decode("utf-8", "replace")
@@ -161,13 +174,18 @@ def resolve_on_node(python, args_or_argv, version, gpu, env=None, timeout=DEFAUL
     process_env = dict(os.environ)
     process_env.update(request["env"])
     answer = run_helper(python, request, timeout=timeout, cwd=cwd, env=process_env, python_label=python_label)
+    return _resolved(answer, "the node's SGLang at %s" % python, python=python)
+
+
+def _resolved(answer, who, **extra):
+    """The result of the module docstring from the helper's ``answer`` (``who``: the words of an error)."""
     if "args" not in answer or "ok" not in answer:
-        raise OracleUnavailable("the node's SGLang at %s could not resolve the arguments: the helper's answer has no "
-                                "resolution (%r)" % (python, sorted(answer)))
+        raise OracleUnavailable("%s could not resolve the arguments: the helper's answer has no resolution (%r)"
+                                % (who, sorted(answer)))
     if answer.get("cuda_guard"):
-        raise OracleUnavailable("the node's SGLang at %s could not resolve the arguments: it tried to initialise CUDA "
-                                "(%s), which the oracle refuses" % (python, ", ".join(answer["cuda_guard"])))
-    return {
+        raise OracleUnavailable("%s could not resolve the arguments: it tried to initialise CUDA (%s), which the "
+                                "oracle refuses" % (who, ", ".join(answer["cuda_guard"])))
+    result = {
         "source": "node",
         "ok": bool(answer.get("ok")),
         "sglang_version": answer.get("sglang_version"),
@@ -177,5 +195,52 @@ def resolve_on_node(python, args_or_argv, version, gpu, env=None, timeout=DEFAUL
         "import_s": answer.get("import_s"),
         "resolve_s": answer.get("resolve_s"),
         "elapsed_s": answer.get("elapsed_s"),
-        "python": python,
     }
+    result.update(extra)
+    return result
+
+
+def _mount_args(mounts):
+    """``-v host:ctr:ro`` for each mount: a path (the same inside) or a (host, container) pair."""
+    argv = []
+    for mount in mounts or ():
+        host, inside = (mount, mount) if isinstance(mount, str) else tuple(mount)
+        for path in (host, inside):
+            if not isinstance(path, str) or not os.path.isabs(path) or ":" in path or "," in path:
+                raise OracleUnavailable("cannot mount %r into the image for the oracle: a mount is an absolute path "
+                                        "without ':' or ','" % (path,))
+        argv += ["-v", "%s:%s:ro" % (host, inside)]
+    return argv
+
+
+def resolve_in_image(cli, image_ref, args_or_argv, version, gpu, env=None, mounts=(), timeout=DEFAULT_TIMEOUT,
+                     python="python3", cli_env=None):
+    """Resolve ``args_or_argv`` with the SGLang inside the container image ``image_ref`` (best: the image ID).
+
+    ``<cli> run --rm -i --network none --pull never --name gpufleet-oracle-<pid>-<hex> [-v host:ctr:ro ...]
+    --entrypoint <python> <image_ref> -c <helper source>``: no GPU (no --gpus, no --device), no network, never a
+    pull, the image's ENTRYPOINT bypassed (a CUDA base image's banner script would print before the answer). The
+    request, ``env`` included (the helper applies it inside before importing SGLang), goes on stdin: never in argv.
+    On a timeout the client is killed by PID and the container removed by its name. ``cli_env``: the runtime
+    client's environment (DOCKER_HOST, CONTAINERS_CONF; default this process's). Returns resolve_on_node's result
+    with ``"python"`` the interpreter inside and ``"image": image_ref``; raises OracleUnavailable.
+    """
+    argv = _argv_of(args_or_argv, version)
+    request = {"argv": argv, "gpu": dict(gpu or {}), "env": dict((str(k), str(v)) for k, v in (env or {}).items())}
+    name = "gpufleet-oracle-%d-%s" % (os.getpid(), os.urandom(4).hex())
+    runtime = os.path.basename(str(cli))
+    prefix = [str(cli), "run", "--rm", "-i", "--network", "none", "--pull", "never", "--name", name,
+              "--label", "gpufleet.sglang.role=oracle"] + _mount_args(mounts) + ["--entrypoint", str(python), str(image_ref)]
+    client_env = dict(os.environ if cli_env is None else cli_env)
+
+    def remove():
+        try:
+            subprocess.run([str(cli), "rm", "--force", name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,  # pylint: disable=ansible-bad-function
+                           stderr=subprocess.DEVNULL, env=client_env, timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+    who = "the SGLang of image %s (%s)" % (image_ref, runtime)
+    answer = run_argv(prefix, request, "%s could not resolve the arguments" % who, timeout=timeout, env=client_env,
+                      on_timeout=remove)
+    return _resolved(answer, who, python=str(python), image=str(image_ref))
