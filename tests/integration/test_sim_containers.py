@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import textwrap
 
 import pytest
 
-from conftest import SIM_PY, wait_until
+from conftest import SIM_BIN, SIM_PY, wait_until
 from sim_cdi import cdi_gpus  # noqa: F401  (the fixture)
 from test_containers import node_image, podman
 
@@ -127,3 +129,64 @@ def test_cuda_visible_devices_indexes_the_container_s_cdi_gpus(image, boxes, sim
     assert compute_apps(sim_node) == [(3, box["host_pid"], 1000)]
     assert sim_node.used(2) == sim_node.used(0)                 # GPU 2 untouched
     stop_and_check_free(box, sim_node, [3])
+
+
+def _children(pid):
+    out = []
+    for task in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/children" % (pid, task)) as fh:
+            out += [int(x) for x in fh.read().split()]
+    return out
+
+
+def _host_pid_of(root_pid, inner_pid):
+    """Among the descendants of ``root_pid`` (host PIDs), the one that is ``inner_pid`` in its own namespace."""
+    todo, seen = [root_pid], []
+    while todo:
+        pid = todo.pop()
+        seen.append(pid)
+        todo += _children(pid)
+    for pid in seen:
+        with open("/proc/%d/status" % pid) as fh:
+            nspid = [line.split()[1:] for line in fh if line.startswith("NSpid:")][0]
+        if len(nspid) > 1 and int(nspid[-1]) == inner_pid:
+            return pid
+    raise AssertionError("no descendant of %d is PID %d in its namespace" % (root_pid, inner_pid))
+
+
+def test_holds_from_another_pid_namespace_are_listed_released_and_reaped_by_host_pid(sim_node, procs):
+    """``unshare --pid`` (no container engine): two ``gpusim hold`` inside; host readers see host PIDs, name the
+    process, release by host PID, and count a forked child's memory (unlisted) until that child dies too; a reader in
+    the namespace lists the host PID with ``[Not Found]``, as nvidia-smi in a container does."""
+    script = ("gpusim hold --gpus 0 --mib 500 --name ns-holder --children 1 --json; "
+              "gpusim hold --gpus 1 --mib 300 --name ns-other --json; exec sleep 600")
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script], env=sim_node.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    first, second = json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())
+    init = _children(proc.pid)[0]                      # sleep: PID 1 of the namespace
+    procs.track(init)
+    holder, other = _host_pid_of(proc.pid, first["pid"]), _host_pid_of(proc.pid, second["pid"])
+    keeper = _host_pid_of(proc.pid, first["keepers"][0])
+    for pid in (holder, other, keeper):
+        procs.track(pid)
+    assert holder != first["pid"] and other != second["pid"]
+    rows = sim_node.smi("--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader").stdout
+    assert rows.splitlines() == ["%d, ns-holder, 500 MiB" % holder, "%d, ns-other, 300 MiB" % other], rows
+    inside = subprocess.run(["nsenter", "-t", str(init), "-p", "-m", str(SIM_BIN / "nvidia-smi"),
+                             "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
+                            env=sim_node.env, capture_output=True, text=True, timeout=60, check=False)
+    assert inside.stdout.splitlines() == ["%d, [Not Found]" % holder, "%d, [Not Found]" % other], inside
+
+    assert sim_node.gpusim("release", "--pid", other).stdout.strip() == "1"   # by its host PID
+    assert os.path.exists("/proc/%d" % other) and sim_node.used(1) == sim_node.used(2)
+
+    os.kill(holder, signal.SIGKILL)
+    assert wait_until(lambda: not sim_node.smi("--query-compute-apps=pid", "--format=csv,noheader").stdout.strip())
+    assert sim_node.used(0) == sim_node.used(2) + 500            # the forked child keeps it, unlisted
+    os.kill(keeper, signal.SIGKILL)
+    assert wait_until(lambda: sim_node.used(0) == sim_node.used(2))
+    assert sim_node.status()["holds"] == []
+    os.kill(init, signal.SIGKILL)                                # ends the namespace
+    proc.wait(timeout=30)
