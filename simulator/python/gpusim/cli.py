@@ -88,7 +88,7 @@ def status_dict(node: "_node.Node") -> dict:
     for h in snap["holds"]:
         d = dict(h)
         d["alive"] = h["state"] == "alive"
-        d["keepers"] = [dict(k, alive=procfs.is_alive(k.get("pid"), k.get("starttime")))
+        d["keepers"] = [dict(k, alive=_node.proc_alive(h, k.get("pid"), k.get("starttime")))
                         for k in h.get("keepers") or ()]
         if h.get("pid") is not None:
             d["display_pid"] = _node.pid_for_display(h)
@@ -277,6 +277,18 @@ def cmd_checkpoint(a) -> int:
     return 0
 
 
+def cmd_cdi_spec(a) -> int:
+    from . import cdi
+    try:
+        spec = cdi.write_spec(a.out, a.dev_dir, gpus=a.gpus, kind=a.kind)
+    except ValueError as e:
+        return _die(str(e), 2)
+    except OSError as e:
+        return _die("cannot write the CDI spec %s or its device files in %s: %s" % (a.out, a.dev_dir, e.strerror or e))
+    print(json.dumps({"out": a.out, "kind": spec["kind"], "devices": [d["name"] for d in spec["devices"]]}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpusim", description="Control the simulated GPU node in $GPUSIM_ROOT "
@@ -389,6 +401,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", default="1", help="the weights' bytes (same shapes for every seed)")
     s.add_argument("--shards", type=_nonneg_int, default=1, help="more than 1: shards and model.safetensors.index.json")
     s.set_defaults(fn=cmd_checkpoint)
+
+    s = sub.add_parser("cdi-spec", help="write a CDI spec giving containers the simulated GPUs "
+                                        "(devices KIND=0..N-1 and KIND=all); creates DIR/nvidia<N>")
+    s.add_argument("--out", required=True, help="the spec file (.json), e.g. /var/run/cdi/gpusim.json")
+    s.add_argument("--dev-dir", required=True, help="directory for the nvidia<N> files the spec bind-mounts")
+    s.add_argument("--gpus", type=_pos_int, default=8, help="number of GPUs (default %(default)s)")
+    s.add_argument("--kind", default="nvidia.com/gpu", help="CDI kind, vendor/class (default %(default)s)")
+    s.set_defaults(fn=cmd_cdi_spec)
 
     s = sub.add_parser("status", help="JSON: GPUs, holds with liveness, driver state")
     s.add_argument("--pretty", action="store_true")

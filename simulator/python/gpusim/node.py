@@ -109,6 +109,21 @@ COUNTED_STATES = ("alive", "inherited", "releasing", "stale", "orphan")
 LISTED_STATES = ("alive", "releasing", "stale")
 
 
+CDI_ENV = "GPUSIM_CDI"
+CDI_DEV_ENV = "GPUSIM_CDI_DEV"
+
+
+def cdi_devices(env=None) -> list:
+    """Host GPU indices whose ``nvidia<N>`` file is in /dev (or ``$GPUSIM_CDI_DEV``), sorted."""
+    env = os.environ if env is None else env
+    d = env.get(CDI_DEV_ENV) or "/dev"
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return []
+    return sorted(int(n[6:]) for n in names if n.startswith("nvidia") and n[6:].isdigit())
+
+
 class SimError(Exception):
     """Base class of simulator errors."""
 
@@ -213,12 +228,12 @@ def evaluate(hold: dict, now: float):
     pid = hold.get("pid")
     if pid is None:
         return "orphan", None
-    if procfs.is_alive(pid, hold.get("starttime")):
+    if proc_alive(hold):
         return "alive", None
     if hold.get("stuck"):
         return "stale", None
     keepers = hold.get("keepers") or []
-    if any(procfs.is_alive(k.get("pid"), k.get("starttime")) for k in keepers):
+    if any(proc_alive(hold, k.get("pid"), k.get("starttime")) for k in keepers):
         return "inherited", None
     end = hold.get("exited_at")
     if end is None:
@@ -229,6 +244,97 @@ def evaluate(hold: dict, now: float):
     if now < end + float(hold.get("release_delay") or 0.0):
         return "releasing", end
     return "gone", end
+
+
+# ------------------------------------------------------- PID namespaces
+# A hold made by a process in another PID namespace than the one ``gpusim
+# init`` ran in (a container without ``--pid host``) records ``pidns`` (that
+# namespace), ``pid`` (the PID inside it), ``starttime`` and ``host_pidns``.
+# Readers in the host namespace find the host PID (procfs.find_in_ns) and list
+# it, as NVML lists host PIDs; readers inside a container list the host PID if
+# a host reader recorded it (``host_pid``), else an invisible PID, as NVML in a
+# container does (§3.3).  Holds without ``pidns`` behave as they always did.
+UNSEEN = -1  # locate(): the process lives in a namespace this reader cannot see
+
+
+def _reader_is_host(hold: dict) -> bool:
+    me = procfs.self_pid_ns()
+    return me is not None and me == hold.get("host_pidns")
+
+
+def locate(hold: dict, pid=None, start=None):
+    """The hold's process (or its keeper ``pid``/``start``) as this reader sees it.
+
+    Returns a PID of this reader's namespace (liveness still to be checked
+    with the start time), ``None`` when the process is known to be gone, or
+    ``UNSEEN`` when it lives in a namespace this reader cannot look into.
+    """
+    keeper = pid is not None
+    if not keeper:
+        pid, start = hold.get("pid"), hold.get("starttime")
+    if pid is None:
+        return None
+    ns = hold.get("pidns")
+    if not ns or ns == procfs.self_pid_ns():
+        return int(pid)
+    if not keeper:
+        hint = hold.get("host_pid")
+        if hint and procfs.pid_ns(hint) == ns and procfs.is_alive(hint, start) and procfs.ns_pid(hint) == int(pid):
+            return int(hint)
+    found = procfs.find_in_ns(ns, int(pid), start)
+    if found is not None:
+        return found
+    return None if _reader_is_host(hold) else UNSEEN
+
+
+def proc_alive(hold: dict, pid=None, start=None) -> bool:
+    """Liveness of the hold's process (or keeper), across PID namespaces.
+
+    A process in a namespace this reader cannot see counts as alive: only a
+    reader that can see it may declare it gone.
+    """
+    if pid is None:
+        start = hold.get("starttime")
+    where = locate(hold, pid, start)
+    if where is None:
+        return False
+    if where == UNSEEN:
+        return True
+    return procfs.is_alive(where, start)
+
+
+def same_process(hold: dict, pid) -> bool:
+    """True when ``pid`` (a PID of this reader's namespace) names the hold's process."""
+    if hold.get("pid") is None or pid is None:
+        return False
+    pid = int(pid)
+    if not hold.get("pidns") or hold.get("pidns") == procfs.self_pid_ns():
+        return hold.get("pid") == pid
+    if hold.get("host_pid") == pid and _reader_is_host(hold):
+        return True
+    return locate(hold) == pid
+
+
+def local_pid(hold: dict, pid=None, start=None):
+    """A PID of this reader's namespace for messages: the located one, else the recorded one."""
+    where = locate(hold, pid, start)
+    if where is None or where == UNSEEN:
+        if pid is None and hold.get("host_pid") and _reader_is_host(hold):
+            return int(hold["host_pid"])
+        return hold.get("pid") if pid is None else pid
+    return where
+
+
+def hidden(hold: dict, container: bool = False) -> bool:
+    """nvidia-smi cannot name the process: another namespace (§3.3)."""
+    if hold.get("foreign_ns") or container:
+        return True
+    return bool(hold.get("pidns")) and not _reader_is_host(hold)
+
+
+def _needs_host_pid(hold: dict, state: str) -> bool:
+    """A host reader sees a live namespaced hold whose host PID is not recorded yet."""
+    return state == "alive" and bool(hold.get("pidns")) and not hold.get("host_pid") and _reader_is_host(hold)
 
 
 def _needs_stamp(hold: dict, state: str) -> bool:
@@ -323,7 +429,8 @@ class Node:
             })
         data = {"model": model, "driver": "loaded", "driver_version": driver_version,
                 "pci_device_id": spec["pci_device_id"], "power_limit_w": spec["power_limit_w"],
-                "seed": seed, "created_at": time.time(), "gpus": gpu_list}
+                "seed": seed, "created_at": time.time(), "gpus": gpu_list,
+                "host_pidns": procfs.self_pid_ns()}
         os.makedirs(node.holds_dir, exist_ok=True)
         os.makedirs(node.dev_dir, exist_ok=True)
         with node._locked(True):
@@ -444,7 +551,7 @@ class Node:
             h["state"] = state
             h["counted"] = state in COUNTED_STATES
             h["listed"] = state in LISTED_STATES
-            if maintain and (state == "gone" or _needs_stamp(h, state)):
+            if maintain and (state == "gone" or _needs_stamp(h, state) or _needs_host_pid(h, state)):
                 todo.append(h["id"])
         if todo:
             self._maintain(todo, now)
@@ -486,6 +593,11 @@ class Node:
         """Under the exclusive lock: stamp, delete if gone; returns the state."""
         state, _end = evaluate(h, now)
         changed = False
+        if _needs_host_pid(h, state):
+            where = locate(h)
+            if where is not None and where != UNSEEN:
+                h["host_pid"] = where
+                changed = True
         if h.get("pid") is not None and state != "alive":
             if h.get("exited_at") is None:
                 h["exited_at"] = now
@@ -519,8 +631,17 @@ class Node:
         indices or UUIDs (a unique ``GPU-`` prefix is enough, as in CUDA).
         Like CUDA, parsing stops at the first invalid or repeated entry and
         the devices before it stay visible.
+
+        With ``GPUSIM_CDI=1`` (set by the CDI spec of ``gpusim cdi-spec`` in a
+        container) only the GPUs whose ``/dev/nvidia<N>`` exists are there
+        (N = host index; ``GPUSIM_CDI_DEV`` names another directory), in
+        index order, and an index in CUDA_VISIBLE_DEVICES counts among them
+        (0 is the first GPU the container was given), as CUDA does.
         """
         gpus = self._read_node()["gpus"]
+        if os.environ.get(CDI_ENV, "") not in ("", "0"):
+            present = cdi_devices()
+            gpus = [g for g in gpus if g["index"] in present]
         if spec is None:
             return [g["index"] for g in gpus]
         out = []
@@ -530,7 +651,7 @@ class Node:
             if tok.isdigit():
                 i = int(tok)
                 if i < len(gpus):
-                    idx = i
+                    idx = gpus[i]["index"]
             elif tok.upper().startswith("GPU-") and len(tok) > 4:
                 hits = [g["index"] for g in gpus if g["uuid"].lower().startswith(tok.lower())]
                 if len(hits) == 1:
@@ -610,12 +731,23 @@ class Node:
             raise ProcessLookupError("no live process with PID %d" % pid)
         if name is None:
             name = procfs.exe_path(pid) or procfs.comm(pid) or "[Not Found]"
+        host_ns = self._read_node().get("host_pidns")
+        ns = procfs.pid_ns(pid)
+        nsinfo = {}
+        host_pid = None
+        if host_ns and ns and ns != host_ns:
+            # Another PID namespace (a container): keep the PID inside it.
+            nsinfo = {"pidns": ns, "host_pidns": host_ns}
+            if procfs.self_pid_ns() == host_ns:
+                host_pid = pid
+            pid = procfs.ns_pid(pid) or pid
         keeper_list = []
         for k in keepers or ():
             ks = procfs.starttime(int(k))
             if ks is None:
                 raise ProcessLookupError("no live process with PID %d (keeper)" % int(k))
-            keeper_list.append({"pid": int(k), "starttime": ks})
+            kpid = (procfs.ns_pid(int(k)) or int(k)) if nsinfo else int(k)
+            keeper_list.append({"pid": kpid, "starttime": ks})
         now = time.time()
         hold = {"id": _new_id("h", pid), "pid": pid, "starttime": start, "gpus": gpus,
                 "mib": mib, "name": str(name), "release_delay": release_delay,
@@ -623,6 +755,9 @@ class Node:
                 "na_memory": bool(na_memory), "foreign_ns": bool(foreign_ns),
                 "keepers": keeper_list, "keepers_exited_at": None,
                 "watcher_pid": watcher_pid, "meta": meta or {}}
+        hold.update(nsinfo)
+        if host_pid is not None:
+            hold["host_pid"] = host_pid
         with self._locked(True):
             node = self._read_node()
             self._check_alloc(node, self._read_holds(), gpus, mib, now)
@@ -658,8 +793,8 @@ class Node:
         n = 0
         with self._locked(True):
             for h in self._read_holds():
-                if h.get("pid") == int(pid) and h.get("exited_at") is None:
-                    if procfs.is_alive(h["pid"], h.get("starttime")):
+                if h.get("exited_at") is None and same_process(h, pid):
+                    if proc_alive(h):
                         continue  # a recycled PID: that hold belongs to a live process
                     h["exited_at"] = at
                     self._write_hold(h)
@@ -678,10 +813,10 @@ class Node:
             for h in self._read_holds():
                 if hid is not None and h.get("id") != hid:
                     continue
-                if pid is not None and h.get("pid") != int(pid):
+                if pid is not None and not same_process(h, pid):
                     continue
                 if h.get("keepers") and h.get("keepers_exited_at") is None:
-                    if any(procfs.is_alive(k.get("pid"), k.get("starttime")) for k in h["keepers"]):
+                    if any(proc_alive(h, k.get("pid"), k.get("starttime")) for k in h["keepers"]):
                         continue
                     h["keepers_exited_at"] = at
                     self._write_hold(h)
@@ -698,7 +833,7 @@ class Node:
         n = 0
         with self._locked(True):
             for h in self._read_holds():
-                if h.get("pid") == int(pid):
+                if same_process(h, pid):
                     n += self._delete_hold(h["id"])
         return n
 
@@ -731,9 +866,9 @@ class Node:
                     if i in h.get("gpus", ()) and states[h["id"]] in ("alive", "inherited"):
                         if i not in busy:
                             busy.append(i)
-                        pids.append(h["pid"])
-                        pids.extend(k["pid"] for k in h.get("keepers") or ()
-                                    if procfs.is_alive(k.get("pid"), k.get("starttime")))
+                        pids.append(local_pid(h))
+                        pids.extend(local_pid(h, k["pid"], k.get("starttime")) for k in h.get("keepers") or ()
+                                    if proc_alive(h, k.get("pid"), k.get("starttime")))
             if busy:
                 raise GpuInUse(busy, pids)
             freed = {i: 0 for i in sel}
@@ -846,11 +981,26 @@ class Node:
 
 
 def pid_for_display(hold: dict, container: bool = False) -> int:
-    """The PID nvidia-smi prints for a hold (host PID in the container case)."""
+    """The PID nvidia-smi prints for a hold: the host PID, as NVML reports it.
+
+    A hold from another PID namespace: seen from the host namespace, the host
+    PID found for it (recorded as ``host_pid`` once seen); seen from inside a
+    container, ``host_pid`` when a host reader recorded it, else the
+    in-namespace PID plus PID_NS_OFFSET (a PID this reader cannot see).
+    """
+    if hold.get("pidns"):
+        if _reader_is_host(hold) and not (hold.get("foreign_ns") or container):
+            where = locate(hold)
+            if where is not None and where != UNSEEN:
+                return int(where)
+        if hold.get("host_pid"):
+            return int(hold["host_pid"])
+        return int(hold["pid"]) + PID_NS_OFFSET
     if hold.get("foreign_ns") or container:
         return int(hold["pid"]) + PID_NS_OFFSET
     return int(hold["pid"])
 
 
 __all__ = ["Node", "SimError", "DriverError", "GpuLost", "OutOfMemory", "GpuInUse",
-           "MODELS", "DRIVER_VERSION", "DRIVERS", "PID_NS_OFFSET", "evaluate", "pid_for_display"]
+           "MODELS", "DRIVER_VERSION", "DRIVERS", "PID_NS_OFFSET", "evaluate", "pid_for_display",
+           "locate", "proc_alive", "same_process", "hidden", "UNSEEN"]

@@ -112,3 +112,75 @@ def set_child_subreaper(on: bool = True) -> bool:
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) == 0
     except Exception:  # pragma: no cover
         return False
+
+
+# ------------------------------------------------------------ PID namespaces
+# A process in a container (its own PID namespace) knows itself by its
+# in-namespace PID; NVML lists it under its host PID.  The simulator records
+# the namespace (``readlink /proc/<pid>/ns/pid``), the in-namespace PID and the
+# start time (field 22 counts clock ticks since boot: the same inside and
+# outside), and a host-side reader finds the host PID with find_in_ns.
+_SELF_NS = {}
+_FOUND = {}
+
+
+def pid_ns(pid="self"):
+    """``pid:[inode]`` of ``pid``'s PID namespace, or ``None`` (gone, not permitted)."""
+    try:
+        return os.readlink("/proc/%s/ns/pid" % pid)
+    except OSError:
+        return None
+
+
+def self_pid_ns():
+    """The caller's PID namespace (cached per process: a fork re-reads it)."""
+    me = os.getpid()
+    ns = _SELF_NS.get(me)
+    if ns is None:
+        ns = pid_ns("self")
+        _SELF_NS.clear()
+        _SELF_NS[me] = ns
+    return ns
+
+
+def ns_pid(pid: int):
+    """``pid``'s PID in its own (innermost) namespace: the last ``NSpid`` entry of /proc/<pid>/status."""
+    try:
+        with open("/proc/%d/status" % pid, "rb") as fh:
+            for line in fh:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def find_in_ns(ns: str, nspid: int, start=None):
+    """The PID, as this process sees it, of the live process that is ``nspid`` in namespace ``ns``.
+
+    ``None`` when no such process is visible here (it exited, or this reader
+    cannot see that namespace).  ``start`` (field 22) must match when given, so
+    a recycled in-namespace PID is never taken for the recorded process.
+    """
+    key = (ns, int(nspid), start)
+    hit = _FOUND.get(key)
+    if hit is not None and pid_ns(hit) == ns and is_alive(hit, start) and ns_pid(hit) == int(nspid):
+        return hit
+    _FOUND.pop(key, None)
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        if pid_ns(name) != ns:
+            continue
+        pid = int(name)
+        if ns_pid(pid) != int(nspid) or not is_alive(pid, start):
+            continue
+        if len(_FOUND) > 256:
+            _FOUND.clear()
+        _FOUND[key] = pid
+        return pid
+    return None

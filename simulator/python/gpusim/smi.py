@@ -394,7 +394,7 @@ def process_rows(snap, sel, env=None):
         for h in snap["holds"]:
             if not h["listed"] or g["index"] not in h.get("gpus", ()):
                 continue
-            hidden = bool(h.get("foreign_ns")) or container
+            hidden = _node.hidden(h, container)
             pid = _node.pid_for_display(h, container)
             row = by_pid.get(pid)
             if row is None:
