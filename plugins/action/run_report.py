@@ -112,6 +112,9 @@ def render_markdown(title, rows):
                                              ", ".join(_text(s) for s in p.get("signals") or [])
                                              or "exited with its server, not signalled directly")
                     for p in r.get("signalled") or []] or ["  - none"]
+        image = r.get("image") or {}
+        if image:
+            out.append("- Image: before %s; after %s" % (_image_words(image.get("before")), _image_words(image.get("after"))))
         for c in r.get("containers_stopped") or []:
             out.append("- Stopped through its runtime: %s container %s (id %s, image %s, restart policy %s%s)" % tuple(
                 _text(x) for x in (c.get("runtime"), c.get("name"), (c.get("id") or "")[:12], c.get("image"),
@@ -123,6 +126,16 @@ def render_markdown(title, rows):
             out.append("- Full module result on the node: `%s`" % _text(path))
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _image_words(image):
+    """``ref`` with its digest (or image ID), for the report."""
+    if not image:
+        return "none (a host process)"
+    ref = _text(image.get("ref") or "?")
+    if image.get("digest"):
+        return "%s (digest %s)" % (ref, _text(str(image["digest"]).split("@")[-1]))
+    return "%s (image %s)" % (ref, _text(str(image.get("id") or "?").replace("sha256:", "")[:12]))
 
 
 def merge_rows(existing, new):

@@ -347,6 +347,9 @@ def report_row(v, mask):
         "exited": exited,
         # Adopted containers stopped through their runtime (issue 24): runtime, id, name, image, restart policy.
         "containers_stopped": [dict((k, _mapping(c).get(k)) for k in CONTAINER_KEYS) for c in candidate.get("containers_stopped") or []],
+        # The server's image before and after (managers docker, podman): reference, image ID, repository digest.
+        "image": {"before": _image(plan.get("running_image")), "after": _image(plan.get("image"))}
+        if (plan.get("image") or plan.get("running_image")) else None,
         "planned_teardown": (plan.get("teardown_pids") or []) if v.get("check_mode") else [],
         "holders": plan.get("holders") or [],
         "gpus_before": _mapping(preflight.get("node")).get("gpus") or [],
@@ -363,6 +366,14 @@ def report_row(v, mask):
         # The checkpoint prefetch before the teardown (sglang_server_prefetch): its line, None when it did not run.
         "prefetch": _mapping(v.get("prefetch")).get("line"),
     }
+
+
+def _image(image):
+    """``{ref, id, digest}`` of a plan's or a record's image (None when there is none)."""
+    image = _mapping(image)
+    if not image:
+        return None
+    return {"ref": image.get("ref"), "id": image.get("id"), "digest": image.get("digest")}
 
 
 def result_line(row, report_path):

@@ -555,6 +555,8 @@ class Preflight(TargetInspection):
             "weights": weights_plan,
             # The args the running server was launched with (its record; secrets are never in records).
             "running_args": (running_record or {}).get("args"),
+            # The image the running server was started from (managers docker, podman): the report's "before".
+            "running_image": (running_record or {}).get("image"),
             "health_timeout": budget["seconds"], "startup": budget,
             "lora_adapters": found.get("lora_adapters") or [],
             "action": decision["action"], "why": decision["why"], "recovering": decision["recovering"],

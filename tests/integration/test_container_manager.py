@@ -1,0 +1,215 @@
+"""The server run in a container by the collection (manager podman), through ``redeploy.yml``, against REAL podman (issue 24).
+
+The node is simulated (8 GPUs under its GPUSIM_ROOT); the container gets its GPUs through podman's own CDI code
+(``--device nvidia.com/gpu=N`` from the spec of ``sim_cdi.cdi_gpus``), runs in its own PID namespace, and its server
+holds the GPUs by its host PID as NVML reports it (simulator/README.md). The image is the node image with the simulated
+SGLang inside (``container_images.sglang_sim_image``), so the preflight's oracle runs in the image itself.
+
+* A first deploy starts the container: labels, the target GPUs only, the model read-only, no secret in ``inspect``,
+  argv, records or the report; the plan says the image and which SGLang resolved the args.
+* A config change stops the old container through its runtime (kept, exited, as ``<name>-previous``), then launches.
+* A new tag that cannot be pulled is refused in the preflight; the running container is untouched.
+* A candidate that fails its health gate rolls back to the known-good IMAGE ID after the tag was re-pointed.
+
+Each container and image this module creates is removed by its ID at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+
+import pytest
+
+from conftest import SIM_PY, wait_until
+from sim_cdi import cdi_gpus  # noqa: F401  # pylint: disable=unused-import
+from container_images import sglang_sim_image
+from test_containers import CONF, Engine
+import playbook_helpers as ph
+
+REPLACE = "Replace the server in one module run, candidate all"
+PREFLIGHT = "Plan the redeploy (inspect the node, resolve the args as its SGLang will, take the lease)"
+SECRET_ENV = "hf_boxtoken_6d1e0a"
+MEMLOCK = min(resource.getrlimit(resource.RLIMIT_MEMLOCK)[1], 64 << 20)
+
+
+@pytest.fixture(scope="module")
+def podman_engine():
+    return Engine("podman", {"CONTAINERS_CONF": str(CONF)}, None)
+
+
+@pytest.fixture(scope="module")
+def image(podman_engine):
+    """``{"ref", "id"}`` of the simulated-SGLang image (built once, cached by the simulator's content hash)."""
+    ref = sglang_sim_image(podman_engine.env)
+    return {"ref": ref, "id": podman_engine.cli("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()}
+
+
+@pytest.fixture
+def node(tmp_path, podman_engine, cdi_gpus):  # noqa: F811  # pylint: disable=redefined-outer-name
+    """A simulated node whose server runs in podman; every container of this server removed by ID at the end."""
+    procs = ph.Procs()
+    sim = ph.SimNode(tmp_path / "node", procs)
+    sim.box_ids = set()
+    yield sim
+    for name in ("sglang-%s" % sim.name, "sglang-%s-previous" % sim.name):
+        proc = podman_engine.cli("container", "inspect", name, check=False)
+        if proc.returncode == 0:
+            sim.box_ids.add(json.loads(proc.stdout)[0]["Id"])
+    for cid in sorted(sim.box_ids):
+        podman_engine.cli("rm", "--force", "--time", "5", cid, check=False)
+    left = procs.cleanup()
+    assert not left, "processes survived SIGKILL: %s" % left
+
+
+def box_vars(node, engine, image_ref, **extra):
+    env = engine.over(node.host_vars()["sglang_node_environment"])
+    hv = node.host_vars(
+        sglang_node_environment=env, sglang_server_manager="podman", sglang_server_image=image_ref, sglang_server_python="python3",
+        sglang_server_container={"volumes": ["%s:%s" % (node.root, node.root), "%s:%s:ro" % (SIM_PY, SIM_PY)],
+                                 # this machine's hard limits (no CAP_SYS_RESOURCE for more; the default is the guide's
+                                 # memlock=-1): a --ulimit replaces podman's default_ulimits, nofile included.
+                                 "ulimits": ["memlock=%d:%d" % (MEMLOCK, MEMLOCK), "stack=67108864", "nofile=1024:1024",
+                                             "nproc=4096:4096"]},
+        sglang_server_cuda_visible_devices="2,5",
+        server_env=dict({"HF_TOKEN": SECRET_ENV}, **extra.pop("server_env", {})))
+    hv["sglang_server_env"].pop("PYTHONPATH", None)            # the image's own SGLang (the simulated one, inside)
+    hv.update(extra)
+    return hv
+
+
+def running_box(engine, node):
+    proc = engine.cli("container", "inspect", "sglang-%s" % node.name, check=False)
+    if proc.returncode != 0:
+        return None
+    info = json.loads(proc.stdout)[0]
+    node.box_ids.add(info["Id"])
+    return info
+
+
+def holders(node):
+    """``{host pid: sorted GPU indices}`` as the simulated nvidia-smi reports them."""
+    out = {}
+    for hold in node.holds():
+        pid = hold.get("display_pid") or hold.get("pid")             # the host PID, as NVML reports it
+        if hold.get("state") in ("alive", "releasing") and pid:
+            out.setdefault(pid, set()).update(hold.get("gpus") or [])
+    return dict((pid, sorted(g)) for pid, g in out.items())
+
+
+def no_secret_anywhere(node, engine, info):
+    text = json.dumps(info)
+    for secret in (node.api_key, SECRET_ENV):
+        assert secret not in text, "a secret is in podman inspect"
+        for pid in ph_tree(info["State"]["Pid"]):
+            assert secret not in "\0".join(ph.cmdline(pid)), "a secret is on the command line of PID %d" % pid
+    for path in list(node.etc.rglob("*.json")) + list(node.reports.glob("*")):
+        body = path.read_text(errors="replace")
+        if path.name not in ("secrets.json", "container-env.json"):
+            assert node.api_key not in body and SECRET_ENV not in body, path
+    for run in node.runs_done:
+        assert SECRET_ENV not in run.everything() and node.api_key not in run.everything()
+
+
+def ph_tree(pid):
+    from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
+    return [p for p, _s in sp.tree(pid)] if pid else []
+
+
+def test_first_deploy_then_a_config_change_run_the_server_in_podman_and_stop_the_old_container_through_it(
+        node, podman_engine, image):
+    engine = podman_engine
+    run = node.run(host_vars=box_vars(node, engine, image["ref"]))
+    assert run.rc == 0, run.summary()
+    plan = run.task_result(PREFLIGHT)["plan"]
+    assert plan["manager"] == "podman" and plan["image"]["id"] == image["id"] and plan["image"]["ref"] == image["ref"]
+    resolved = run.task_result(PREFLIGHT)["resolved"]
+    assert resolved["source"] == "node", resolved.get("fallback")           # the SGLang inside the image answered
+    assert "args resolved by the SGLang %s of image %s" % (resolved["node_version"], plan["image"]["words"]) in \
+        run.task_result(PREFLIGHT)["lines"][0]
+
+    info = running_box(engine, node)
+    assert info and info["State"]["Status"] == "running"
+    assert info["Image"] == image["id"]
+    labels = info["Config"]["Labels"]
+    assert labels["io.gpufleet.sglang.server"] == node.name and labels["io.gpufleet.sglang.image"] == image["ref"]
+    record = json.loads((node.etc / "known-good" / "server.json").read_text())
+    assert labels["io.gpufleet.sglang.fingerprint"] == record["fingerprint"]        # the launch's (salted) identity
+    pid = info["State"]["Pid"]
+    # The GPUs the plan named (2 and 5), held by the container's processes under their HOST PIDs; nothing else.
+    held = holders(node)
+    assert held and set(g for gpus in held.values() for g in gpus) == {2, 5}, held
+    tree = set(ph_tree(pid))
+    assert set(held) <= tree, (held, tree)
+    # The model read-only, at its path; CUDA_VISIBLE_DEVICES not passed in (the devices are the GPUs).
+    mounts = dict((m["Destination"], m) for m in info["Mounts"])
+    assert mounts[str(node.target)]["RW"] is False
+    assert not any(e.startswith("CUDA_VISIBLE_DEVICES=") for e in info["Config"]["Env"])
+    assert node.health() == 200
+    assert record["image"]["id"] == image["id"] and record["manager"] == "podman"
+    replaced = run.task_result(REPLACE)
+    assert any("in container sglang-%s (id %s" % (node.name, info["Id"][:12]) in line for line in replaced["lines"]), replaced["lines"]
+    assert image["ref"] in run.report_md
+    no_secret_anywhere(node, engine, info)
+
+    # A config change: the old container is stopped through podman (never signalled from the host) and kept.
+    hv = box_vars(node, engine, image["ref"], server_env={"SGLANG_SIM_NOTE": "second"})
+    run2 = node.run(host_vars=hv)
+    assert run2.rc == 0, run2.summary()
+    replaced = run2.task_result(REPLACE)
+    assert replaced["container_stopped"]["id"] == info["Id"], replaced.get("container_stopped")
+    assert all(item.get("pid") != pid for item in replaced.get("signalled") or [] if item.get("signals")), replaced["signalled"]
+    old = json.loads(engine.cli("container", "inspect", info["Id"]).stdout)[0]
+    assert old["Name"].lstrip("/") == "sglang-%s-previous" % node.name and old["State"]["Status"] == "exited"
+    new = running_box(engine, node)
+    assert new["Id"] != info["Id"] and new["State"]["Status"] == "running" and node.health() == 200
+    assert "SGLANG_SIM_NOTE=second" in new["Config"]["Env"]
+    no_secret_anywhere(node, engine, new)
+
+
+def test_an_image_that_cannot_be_pulled_is_refused_before_anything_is_touched(node, podman_engine, image):
+    engine = podman_engine
+    run = node.run(host_vars=box_vars(node, engine, image["ref"]))
+    assert run.rc == 0, run.summary()
+    before = running_box(engine, node)
+    bad = "localhost:1/gpufleet/sglang:no-such-tag"
+    run2 = node.run(host_vars=box_vars(node, engine, bad))
+    assert run2.rc != 0
+    failed = run2.task_result(PREFLIGHT)
+    assert "image" in failed["msg"] and bad in failed["msg"] and "nothing was touched" in failed["msg"], failed["msg"]
+    after = running_box(engine, node)
+    assert (after["Id"], after["State"]["Pid"], after["State"]["Status"]) == (before["Id"], before["State"]["Pid"], "running")
+    assert node.health() == 200
+
+
+def test_a_failed_candidate_rolls_back_to_the_recorded_image_id_after_the_tag_moved(node, podman_engine, image, tmp_path):
+    engine = podman_engine
+    tag = "localhost/gpufleet-test/moving:%d" % os.getpid()
+    engine.cli("tag", image["id"], tag)
+    try:
+        run = node.run(host_vars=box_vars(node, engine, tag))
+        assert run.rc == 0, run.summary()
+        first = running_box(engine, node)
+        assert first["Image"] == image["id"]
+        # The tag moves to another image (one more layer), whose server crashes while loading.
+        work = engine.cli("run", "-d", "--pull", "never", image["id"], "sleep", "60").stdout.strip().splitlines()[-1]
+        node.box_ids.add(work)
+        other = engine.cli("commit", work, tag).stdout.strip().splitlines()[-1]
+        engine.cli("rm", "--force", work)
+        assert other != image["id"]
+        hv = box_vars(node, engine, tag, server_env={"SGLANG_SIM_CRASH_ON_LOAD": "1"})
+        run2 = node.run(host_vars=hv)
+        assert run2.rc != 0
+        replaced = run2.task_result(REPLACE)
+        assert replaced["rollback"]["status"] == "succeeded", replaced.get("rollback")
+        back = running_box(engine, node)
+        # The failed candidate ran the re-pointed tag's image and is kept (exited) as <name>-previous, for its logs.
+        failed = json.loads(engine.cli("container", "inspect", "sglang-%s-previous" % node.name).stdout)[0]
+        assert failed["Image"].replace("sha256:", "") == other.replace("sha256:", "")[:len(failed["Image"])] or \
+            other.replace("sha256:", "").startswith(failed["Image"].replace("sha256:", "")[:12]), (failed["Image"], other)
+        assert failed["State"]["Status"] == "exited"
+        assert back["State"]["Status"] == "running" and back["Image"] == image["id"], (back["Image"], image["id"])
+        assert wait_until(lambda: node.health() == 200, timeout=30, interval=0.2)
+        assert node.leaks() == []
+    finally:
+        engine.cli("rmi", "--force", tag, check=False)
