@@ -24,7 +24,7 @@ import pytest
 from conftest import SIM_PY, wait_until
 from sim_cdi import cdi_gpus  # noqa: F401  # pylint: disable=unused-import
 from container_images import sglang_sim_image
-from test_containers import CONF, Engine
+from test_containers import CONF, Engine, dockerd  # noqa: F401  # pylint: disable=unused-import
 import playbook_helpers as ph
 
 REPLACE = "Replace the server in one module run, candidate all"
@@ -213,3 +213,71 @@ def test_a_failed_candidate_rolls_back_to_the_recorded_image_id_after_the_tag_mo
         assert node.leaks() == []
     finally:
         engine.cli("rmi", "--force", tag, check=False)
+
+
+@pytest.mark.parametrize("case", ["ulimit", "python"])
+def test_a_container_the_runtime_refuses_is_found_in_the_preflight_and_nothing_is_touched(case, node, podman_engine, image):
+    """The preflight creates the launch's container once (``--rm``, ``import os`` instead of the server): a limit above
+    the host's (here the guide's memlock=-1 without CAP_SYS_RESOURCE: runc refuses it) or an interpreter the image
+    does not have is refused before the teardown, with the runtime's words; the running container is untouched."""
+    engine = podman_engine
+    run = node.run(host_vars=box_vars(node, engine, image["ref"]))
+    assert run.rc == 0, run.summary()
+    before = running_box(engine, node)
+    hv = box_vars(node, engine, image["ref"], server_env={"SGLANG_SIM_NOTE": "changed"})
+    if case == "ulimit":
+        hv["sglang_server_container"] = dict(hv["sglang_server_container"], ulimits=["memlock=-1:-1", "nofile=1024:1024",
+                                                                                      "nproc=4096:4096"])
+        words = "rlimit"
+    else:
+        hv["sglang_server_python"] = "/opt/no-such-venv/bin/python"
+        words = "/opt/no-such-venv/bin/python"
+    run2 = node.run(host_vars=hv)
+    assert run2.rc != 0
+    msg = run2.task_result(PREFLIGHT)["msg"]
+    assert "the podman container of this launch cannot be created" in msg and words in msg, msg
+    assert "sglang_server_container" in msg and "nothing was touched" in msg
+    after = running_box(engine, node)
+    assert (after["Id"], after["State"]["Pid"], after["State"]["Status"]) == (before["Id"], before["State"]["Pid"], "running")
+    assert node.health() == 200
+    probes = engine.cli("ps", "-a", "--filter", "label=io.gpufleet.sglang.role=probe", "--format", "{{.ID}}").stdout.split()
+    assert probes == [], "a probe container was left: %s" % probes
+
+
+def test_the_docker_engine_runs_stops_and_keeps_the_server_s_container_and_refuses_gpus_it_cannot_give(
+        node, dockerd, tmp_path):  # noqa: F811  # pylint: disable=redefined-outer-name
+    """Against a REAL Docker engine (Debian's docker.io 20.10, private dockerd). Docker before 25 has no CDI: the GPUs
+    go through ``--gpus``, which needs the NVIDIA container toolkit; without it docker refuses the container, and the
+    preflight says so with docker's words before anything is touched. With ``gpu_request: none`` (the simulated GPUs
+    need no device plumbing) the server runs, is replaced through ``docker stop`` and its container kept."""
+    engine = Engine("docker", dockerd["env"], None, dockerd["bin"])
+    ref = sglang_sim_image(engine.over(dict(os.environ)), runtime="docker")
+    image_id = engine.cli("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+    try:
+        hv = box_vars(node, engine, ref, sglang_server_manager="docker", sglang_server_cuda_visible_devices="0,1")
+        run = node.run(host_vars=hv)
+        assert run.rc != 0
+        msg = run.task_result(PREFLIGHT)["msg"]
+        assert "the docker container of this launch cannot be created" in msg and "could not select device driver" in msg, msg
+        assert running_box(engine, node) is None                   # nothing was created
+
+        hv["sglang_server_container"] = dict(hv["sglang_server_container"], gpu_request="none")
+        run = node.run(host_vars=hv)
+        assert run.rc == 0, run.summary()
+        info = running_box(engine, node)
+        assert info["State"]["Status"] == "running" and info["Image"] == image_id
+        assert info["HostConfig"]["RestartPolicy"]["Name"] == "no" and info["HostConfig"]["IpcMode"] == "host"
+        assert node.health() == 200
+        no_secret_anywhere(node, engine, info)
+        run2 = node.run(host_vars=box_vars(node, engine, ref, sglang_server_manager="docker",
+                                           sglang_server_cuda_visible_devices="0,1",
+                                           sglang_server_container=dict(hv["sglang_server_container"]),
+                                           server_env={"SGLANG_SIM_NOTE": "second"}))
+        assert run2.rc == 0, run2.summary()
+        assert run2.task_result(REPLACE)["container_stopped"]["id"] == info["Id"]
+        old = engine.inspect(info["Id"])
+        assert old["Name"] == "/sglang-%s-previous" % node.name and old["State"]["Status"] == "exited"
+        assert running_box(engine, node)["Id"] != info["Id"] and node.health() == 200
+    finally:
+        for name in ("sglang-%s" % node.name, "sglang-%s-previous" % node.name):
+            engine.cli("rm", "--force", name, check=False)         # the fixture removes podman's; these are docker's

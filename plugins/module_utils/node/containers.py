@@ -224,6 +224,14 @@ def adopted_entry(c, why, pids=()):
     return entry
 
 
+def run_cli(argv, timeout):
+    """``(rc, stdout, stderr)`` of a container CLI argv (no shell), ``timeout`` s (subprocess.TimeoutExpired after); the
+    whole of both streams (``<cli> logs`` writes the container's stderr to its own)."""
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # pylint: disable=ansible-bad-function
+                          timeout=timeout, check=False)
+    return proc.returncode, proc.stdout.decode('utf-8', 'replace'), proc.stderr.decode('utf-8', 'replace')
+
+
 def _run(argv, timeout, run):
     # A helper with no module at hand (the replace module's teardown); argv list, a timeout, never a shell.
     proc = run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # pylint: disable=ansible-bad-function

@@ -418,6 +418,14 @@ class Preflight(TargetInspection):
         for blocker in launcher.plan():
             self.problem(blocker)
         self.secrets.extend(launcher.secrets)
+        if self.image and self.image.get("id") and not self.problems:
+            # The launch's container, created once before anything is touched (issue 24): what the runtime refuses
+            # (GPUs, ulimits, volumes, the interpreter) is found here, not in the outage.
+            error = launcher.probe()
+            if error:
+                self.problem("the %s container of this launch cannot be created: %s; fix %s, %s or %s (nothing was "
+                             "touched)" % (manager, error, self.names.of("container"), self.names.of("image"),
+                                           self.names.of("python")))
         self._probe_places(manager, mode)
         found = self.inspect_server(launcher, selected)
         for text in overlap.leftover(p["state_dir"], found["current"].get("pid")):

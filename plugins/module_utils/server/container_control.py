@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import containers
@@ -50,6 +51,7 @@ BOOTSTRAP = ("import json,os,runpy,sys\n"
              "with open(sys.argv[1]) as f: os.environ.update((str(k), str(v)) for k, v in json.load(f).items())\n"
              "mod = sys.argv[3]; sys.argv = [mod] + sys.argv[4:]\n"
              "runpy.run_module(mod, run_name='__main__', alter_sys=True)\n")
+PROBE_TIMEOUT = 120
 RUN_TIMEOUT = 300
 CLI_TIMEOUT = 60
 
@@ -157,9 +159,19 @@ class ContainerControl(object):
             self._cli_path = found
         return found
 
+    def _cli_run(self, argv, timeout):
+        """``(rc, out, err)`` of an argv with a deadline (AnsibleModule.run_command has none: a hung runtime must not
+        hang the run); a timeout or a CLI that cannot start is rc 124 with the reason."""
+        try:
+            return containers.run_cli(argv, timeout)
+        except subprocess.TimeoutExpired:
+            return 124, "", "no answer within %d s" % timeout
+        except OSError as exc:
+            return 127, "", str(exc)
+
     def _box_call(self, args, timeout=CLI_TIMEOUT, what="", check=True):
         argv = [self.cli()] + list(args)
-        rc, out, err = self.ctx.run_command(argv)
+        rc, out, err = self._cli_run(argv, timeout)
         if check and rc != 0:
             raise LaunchError("`%s %s` exited %s: %s%s" % (self.manager, " ".join(self.masked(list(args)))[:300], rc,
                                                        self.mask((err or out or "no output").strip())[:500], what))
@@ -178,11 +190,17 @@ class ContainerControl(object):
         rc, out, _err = self._box_call(["version", "--format", "{{.Server.Version}}"], check=False)
         return out.strip() if rc == 0 else None
 
-    def container_argv(self):
-        """The ``<cli> run`` argv (without the CLI) for this launch; ``self.argv`` is what runs inside."""
+    def container_argv(self, probe_name=None):
+        """The ``<cli> run`` argv (without the CLI) for this launch; ``self.argv`` is what runs inside. With
+        ``probe_name``: the same container, run once with ``--rm`` under that name and without the files this launch
+        writes later, to prove before the outage that the runtime can create it (see :meth:`probe`)."""
         box = self.box
         # --pull never: the preflight found or pulled the image; a pull never happens inside the outage.
-        out = ["run", "-d", "--pull", "never", "--name", self.container_name, "--restart", box["restart_policy"] or "no"]
+        if probe_name:
+            out = ["run", "--rm", "--pull", "never", "--name", probe_name, "--restart", "no",
+                   "--label", "%s.role=probe" % LABEL]
+        else:
+            out = ["run", "-d", "--pull", "never", "--name", self.container_name, "--restart", box["restart_policy"] or "no"]
         out += ["--label", "%s.collection=gpufleet.sglang" % LABEL, "--label", "%s.server=%s" % (LABEL, self.name),
                 "--label", "%s.fingerprint=%s" % (LABEL, self.fp or ""), "--label", "%s.image=%s" % (LABEL, self.p.get("image_ref") or self.image)]
         if box["network"]:
@@ -197,26 +215,46 @@ class ContainerControl(object):
         for key, value in sorted(self.env.items()):
             if key != "CUDA_VISIBLE_DEVICES":
                 out += ["-e", "%s=%s" % (key, value)]
-        for mount in self.mounts():
+        for mount in self.mounts(files=not probe_name):
             out += ["-v", mount]
         if self.p["chdir"]:
             out += ["-w", self.p["chdir"]]
         out += list(box["run_args"])
+        if probe_name:
+            out += ["--entrypoint", self.python or "python3"]
         out.append(self.image)
         return out
+
+    def probe(self, timeout=PROBE_TIMEOUT):
+        """Create and run the launch's container once (``--rm``, the server's interpreter running ``import os``
+        instead of the server) and return None, or the runtime's error: a GPU request the runtime cannot serve (no
+        NVIDIA toolkit for ``--gpus``, no CDI spec for ``nvidia.com/gpu=N``), a ulimit above the host's, a volume
+        that is not there, an interpreter that is not in the image. It takes no GPU memory and binds no port, so it
+        runs beside the old server; it is removed by its name whatever happens."""
+        name = "gpufleet-probe-%s-%d-%s" % (self.name, os.getpid(), os.urandom(3).hex())
+        argv = [self.cli()] + self.container_argv(probe_name=name) + ["-c", "import os"]
+        try:
+            rc, out, err = self._cli_run(argv, timeout)
+        finally:
+            self._cli_run([self.cli(), "rm", "--force", name], CLI_TIMEOUT)
+        if rc == 0:
+            return None
+        return self.mask((err or out or "no output").strip())[-600:]
 
     def gpu_list(self):
         return [g for g in str(self.env.get("CUDA_VISIBLE_DEVICES", "")).split(",") if g.strip() != ""]
 
-    def mounts(self):
+    def mounts(self, files=True):
+        """The ``-v`` values: the model directories read-only, the 0600 files this launch writes (``files``), the
+        configured volumes."""
         seen = []
         for key in PATH_ARGS:
             value = self.args.get(key)
             if isinstance(value, str) and value.startswith("/"):
                 seen.append("%s:%s:ro" % (value, value))
-        if self.config_text is not None:
+        if self.config_text is not None and files:
             seen.append("%s:%s:ro" % (self.config_path, self.config_path))
-        if self.secret_env:
+        if self.secret_env and files:
             seen.append("%s:%s:ro" % (self.secret_json, SECRETS_IN))
         seen += list(self.box["volumes"])
         out = []
@@ -261,7 +299,8 @@ class ContainerControl(object):
         ref = box.get("id") or getattr(self, "container_id", None) or self.container_name
         members = sp.tree(cur["pid"]) if cur.get("pid") else []
         began = time.monotonic()
-        self._box_call(["stop", "-t", str(int(max(1, round(timeout)))), ref], what=" (stopping the server's container)")
+        self._box_call(["stop", "-t", str(int(max(1, round(timeout)))), ref], timeout=timeout + CLI_TIMEOUT,
+                       what=" (stopping the server's container)")
         left = [(p, s) for p, s in members if sp.alive(p, s)]
         killed, still = sp.kill_leftovers(left) if left else ([], [])
         return {"signalled": [cur["pid"]] if cur.get("pid") else [], "killed": killed,
@@ -285,7 +324,7 @@ class ContainerControl(object):
             self._box_call(["rename", old["id"], prev])
         self.box_write_secrets()
         argv = self.container_argv() + self.container_inner_argv()
-        rc, out, err = self._box_call(argv, check=False)
+        rc, out, err = self._box_call(argv, timeout=RUN_TIMEOUT, check=False)
         cid = (out or "").strip().splitlines()[-1:] if rc == 0 else []
         if rc != 0 or not cid:
             info = self.box_inspect()
