@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 
 import pytest
 
@@ -281,3 +282,27 @@ def test_the_docker_engine_runs_stops_and_keeps_the_server_s_container_and_refus
     finally:
         for name in ("sglang-%s" % node.name, "sglang-%s-previous" % node.name):
             engine.cli("rm", "--force", name, check=False)         # the fixture removes podman's; these are docker's
+
+
+def test_an_interrupted_container_redeploy_is_continued_from_the_journal(node, podman_engine, image):
+    """The controller is SIGKILLed (its process group, as a dead AWX job) while the candidate container starts. The
+    container runs on by itself; the rerun reads the journal, finds that container (by its name and labels), verifies
+    it and promotes it in place: same container, same PID, nothing signalled."""
+    engine = podman_engine
+    run = node.run(host_vars=box_vars(node, engine, image["ref"]))
+    assert run.rc == 0, run.summary()
+    hv = box_vars(node, engine, image["ref"], server_env={"SGLANG_SIM_STARTUP_S": "3"})
+    ctl = node.spawn_playbook(host_vars=hv)
+    entry = ctl.wait_for_step("launching")
+    ctl.kill(signal.SIGKILL, group=True)
+    assert ctl.wait() != 0
+    box = running_box(engine, node)
+    assert box["State"]["Pid"] == entry["candidate"]["pid"] and box["State"]["Status"] == "running"
+    rerun = node.run(host_vars=hv)
+    row = rerun.row()
+    assert row["plan"] == "verify" and row["status"] == "deployed", row
+    assert row["signalled"] == [], row["signalled"]
+    after = running_box(engine, node)
+    assert (after["Id"], after["State"]["Pid"]) == (box["Id"], box["State"]["Pid"])
+    record = json.loads((node.etc / "known-good" / "server.json").read_text())
+    assert record["fingerprint"] == entry["candidate"]["fingerprint"] and record["image"]["id"] == image["id"]
