@@ -181,6 +181,10 @@ def test_holds_from_another_pid_namespace_are_listed_released_and_reaped_by_host
 
     assert sim_node.gpusim("release", "--pid", other).stdout.strip() == "1"   # by its host PID
     assert os.path.exists("/proc/%d" % other) and sim_node.used(1) == sim_node.used(2)
+    hid = sim_node.gpusim("attach", "--pid", other, "--gpus", "1", "--mib", "100").stdout.strip()   # from the host
+    hold, = [h for h in sim_node.status()["holds"] if h["id"] == hid]
+    assert (hold["pid"], hold["host_pid"], hold["display_pid"]) == (second["pid"], other, other), hold
+    assert sim_node.gpusim("release", "--pid", other).stdout.strip() == "1"
 
     os.kill(holder, signal.SIGKILL)
     assert wait_until(lambda: not sim_node.smi("--query-compute-apps=pid", "--format=csv,noheader").stdout.strip())
