@@ -31,7 +31,7 @@ HOLDER = textwrap.dedent(r'''
     node = Node(os.environ["GPUSIM_ROOT"])
     visible = node.resolve_visible(os.environ.get("CUDA_VISIBLE_DEVICES"))
     node.hold(os.getpid(), gpus=visible, mib=1000, name="python3")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # PID 1 has no default SIGTERM action
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # PID 1 of a namespace: no default action, exits here
     print("ready " + json.dumps({"visible": visible, "pid": os.getpid(),
                                  "dev": sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))}), flush=True)
     while True:
@@ -56,7 +56,7 @@ def run_holder(image, boxes, sim_node, tmp_path, devices, env=()):
     script = tmp_path / "holder.py"
     script.write_text(HOLDER)
     root = str(sim_node.root)
-    args = ["run", "-d", "--network", "host"]
+    args = ["run", "-d", "--network", "host", "--stop-signal", "TERM"]   # the node image's own is SIGRTMIN+3 (37)
     for dev in devices:
         args += ["--device", dev]
     for kv in env:
@@ -99,7 +99,7 @@ def stop_and_check_free(box, sim_node, gpus):
     before = {g: sim_node.used(g) for g in gpus}
     podman("stop", "-t", "5", box["id"])
     state = json.loads(podman("container", "inspect", box["id"]).stdout)[0]["State"]
-    assert state["Status"] == "exited", state
+    assert state["Status"] == "exited" and state["ExitCode"] == 0, state     # exited on SIGTERM, no cudaFree
     assert compute_apps(sim_node) == []
     for g in gpus:
         assert sim_node.used(g) == before[g] - 1000, (g, before, sim_node.used(g))
@@ -242,6 +242,7 @@ def test_the_fake_sglang_server_in_a_container_shows_its_schedulers_host_pids(im
     assert sorted(g for g, _, _ in rows) == [2, 3], rows
     assert sorted(pid for _, pid, _ in rows) == sorted(schedulers), (rows, schedulers)
     assert all(mib > 1000 for _, _, mib in rows), rows
-    podman("stop", "-t", "2", cid)        # PID 1 without a handler ignores SIGTERM: podman SIGKILLs it
+    podman("stop", "-t", "2", cid)     # PID 1 ignores the image's stop signal (37): SIGKILL after 2 s
+    assert json.loads(podman("container", "inspect", cid).stdout)[0]["State"]["ExitCode"] == 137
     assert wait_until(lambda: compute_apps(sim_node) == [])
     assert sim_node.used(2) == sim_node.used(3) == sim_node.used(0)
