@@ -59,11 +59,12 @@ STAGES: dict[str, tuple[list[str], str]] = {
         "--cov-report=term-missing:skip-covered",
         "--cov-fail-under=85",
     ], parallel=True), "pytest"),
-    "integration": (_pytest("integration", ["tests/integration", "--ignore=tests/integration/test_containers.py"],
-                            parallel=True), "pytest"),
+    "integration": (_pytest("integration", ["tests/integration", "--ignore=tests/integration/test_containers.py",
+                                            "--ignore=tests/integration/test_sim_containers.py"], parallel=True), "pytest"),
     # Real podman running a server in a container on the simulated node (issue 24): after the "image" stage, whose
     # node image it runs.
-    "containers": (_pytest("containers", ["tests/integration/test_containers.py"]), "pytest"),
+    "containers": (_pytest("containers", ["tests/integration/test_containers.py",
+                                          "tests/integration/test_sim_containers.py"]), "pytest"),
     # The mirror against the real SGLang wheels (tests/differential; builds .cache/differential/ once).
     "differential": (_pytest("differential", ["tests/differential", "-p", "no:randomly"]), "pytest"),
     # The real SGLang 0.5.23 server on this CPU (tests/real_server; builds .cache/real-server/ once): the stand-ins,

@@ -14,7 +14,8 @@ Two runs at once: two spec files of one directory that both define ``nvidia.com/
 names cannot work. The spec has one fixed name, ``gpusim-tests.json`` (a leftover of a killed run is simply
 overwritten), and the fixture holds an exclusive ``flock`` on /var/run/cdi/.gpusim-tests.lock from writing the spec
 to removing it: a second pytest worker or run that needs it waits (up to ``LOCK_WAIT_S``) and then fails, naming the
-lock. Under ``--dist loadfile`` the module that uses it runs on one worker anyway.
+lock. Under ``--dist loadfile`` the module that uses it runs on one worker anyway. The empty lock file stays (removing
+it would let a waiter lock an unlinked file while a third run creates a new one).
 """
 from __future__ import annotations
 

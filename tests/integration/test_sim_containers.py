@@ -17,12 +17,13 @@ import os
 import signal
 import subprocess
 import textwrap
+import urllib.request
 
 import pytest
 
 from conftest import SIM_BIN, SIM_PY, wait_until
 from sim_cdi import cdi_gpus  # noqa: F401  (the fixture)
-from test_containers import node_image, podman
+from test_containers import free_port, node_image, podman
 
 HOLDER = textwrap.dedent(r'''
     import json, os, signal, sys
@@ -30,7 +31,7 @@ HOLDER = textwrap.dedent(r'''
     node = Node(os.environ["GPUSIM_ROOT"])
     visible = node.resolve_visible(os.environ.get("CUDA_VISIBLE_DEVICES"))
     node.hold(os.getpid(), gpus=visible, mib=1000, name="python3")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # PID 1 has no default SIGTERM action
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # PID 1 of a namespace: no default action, exits here
     print("ready " + json.dumps({"visible": visible, "pid": os.getpid(),
                                  "dev": sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))}), flush=True)
     while True:
@@ -55,7 +56,7 @@ def run_holder(image, boxes, sim_node, tmp_path, devices, env=()):
     script = tmp_path / "holder.py"
     script.write_text(HOLDER)
     root = str(sim_node.root)
-    args = ["run", "-d", "--network", "host"]
+    args = ["run", "-d", "--network", "host", "--stop-signal", "TERM"]   # the node image's own is SIGRTMIN+3 (37)
     for dev in devices:
         args += ["--device", dev]
     for kv in env:
@@ -98,7 +99,7 @@ def stop_and_check_free(box, sim_node, gpus):
     before = {g: sim_node.used(g) for g in gpus}
     podman("stop", "-t", "5", box["id"])
     state = json.loads(podman("container", "inspect", box["id"]).stdout)[0]["State"]
-    assert state["Status"] == "exited", state
+    assert state["Status"] == "exited" and state["ExitCode"] == 0, state     # exited on SIGTERM, no cudaFree
     assert compute_apps(sim_node) == []
     for g in gpus:
         assert sim_node.used(g) == before[g] - 1000, (g, before, sim_node.used(g))
@@ -181,6 +182,10 @@ def test_holds_from_another_pid_namespace_are_listed_released_and_reaped_by_host
 
     assert sim_node.gpusim("release", "--pid", other).stdout.strip() == "1"   # by its host PID
     assert os.path.exists("/proc/%d" % other) and sim_node.used(1) == sim_node.used(2)
+    hid = sim_node.gpusim("attach", "--pid", other, "--gpus", "1", "--mib", "100").stdout.strip()   # from the host
+    hold, = [h for h in sim_node.status()["holds"] if h["id"] == hid]
+    assert (hold["pid"], hold["host_pid"], hold["display_pid"]) == (second["pid"], other, other), hold
+    assert sim_node.gpusim("release", "--pid", other).stdout.strip() == "1"
 
     os.kill(holder, signal.SIGKILL)
     assert wait_until(lambda: not sim_node.smi("--query-compute-apps=pid", "--format=csv,noheader").stdout.strip())
@@ -190,3 +195,54 @@ def test_holds_from_another_pid_namespace_are_listed_released_and_reaped_by_host
     assert sim_node.status()["holds"] == []
     os.kill(init, signal.SIGKILL)                                # ends the namespace
     proc.wait(timeout=30)
+
+
+def _descendants(pid):
+    todo, out = [pid], []
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def test_the_fake_sglang_server_in_a_container_shows_its_schedulers_host_pids(image, boxes, sim_node, tmp_path, cdi_gpus):
+    """The issue-24 case: ``python -m sglang.launch_server --tp-size 2`` in a container given GPUs 2 and 3; its
+    schedulers hold by their in-container PIDs, nvidia-smi on the host lists their host PIDs; a stop frees both."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    port = free_port()
+    root = str(sim_node.root)
+    cid = podman("run", "-d", "--network", "host", "--device", cdi_gpus["device"](2), "--device", cdi_gpus["device"](3),
+                 "-v", "%s:%s" % (root, root), "-v", "%s:%s:ro" % (SIM_PY, SIM_PY), "-v", "%s:%s:ro" % (model, model),
+                 "-e", "GPUSIM_ROOT=" + root, "-e", "PYTHONPATH=" + str(SIM_PY), "-e", "SGLANG_SIM_STARTUP_S=0.2",
+                 "-e", "SGLANG_SIM_WARMUP_S=0.1", "-e", "SGLANG_SIM_KILL_RELEASE_S=0", image,
+                 "python3", "-m", "sglang.launch_server", "--model-path", str(model), "--tp-size", "2",
+                 "--host", "127.0.0.1", "--port", port).stdout.strip().splitlines()[-1]
+    boxes.append(cid)
+
+    def healthy():
+        state = json.loads(podman("container", "inspect", cid).stdout)[0]["State"]
+        assert state["Status"] in ("running", "created", "configured"), (state, podman("logs", cid, check=False))
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as resp:
+                return resp.status == 200
+        except (OSError, ValueError):
+            return False
+    assert wait_until(healthy, timeout=90, interval=0.3), podman("logs", cid, check=False).stderr[-3000:]
+    main = json.loads(podman("container", "inspect", cid).stdout)[0]["State"]["Pid"]
+    schedulers = []
+    for pid in _descendants(main):
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            if fh.read().startswith(b"sglang::scheduler_TP"):
+                schedulers.append(pid)
+    assert len(schedulers) == 2, schedulers
+    rows = compute_apps(sim_node)
+    assert sorted(g for g, _, _ in rows) == [2, 3], rows
+    assert sorted(pid for _, pid, _ in rows) == sorted(schedulers), (rows, schedulers)
+    assert all(mib > 1000 for _, _, mib in rows), rows
+    podman("stop", "-t", "2", cid)     # PID 1 ignores the image's stop signal (37): SIGKILL after 2 s
+    assert json.loads(podman("container", "inspect", cid).stdout)[0]["State"]["ExitCode"] == 137
+    assert wait_until(lambda: compute_apps(sim_node) == [])
+    assert sim_node.used(2) == sim_node.used(3) == sim_node.used(0)

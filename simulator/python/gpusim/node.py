@@ -731,23 +731,12 @@ class Node:
             raise ProcessLookupError("no live process with PID %d" % pid)
         if name is None:
             name = procfs.exe_path(pid) or procfs.comm(pid) or "[Not Found]"
-        host_ns = self._read_node().get("host_pidns")
-        ns = procfs.pid_ns(pid)
-        nsinfo = {}
-        host_pid = None
-        if host_ns and ns and ns != host_ns:
-            # Another PID namespace (a container): keep the PID inside it.
-            nsinfo = {"pidns": ns, "host_pidns": host_ns}
-            if procfs.self_pid_ns() == host_ns:
-                host_pid = pid
-            pid = procfs.ns_pid(pid) or pid
         keeper_list = []
         for k in keepers or ():
             ks = procfs.starttime(int(k))
             if ks is None:
                 raise ProcessLookupError("no live process with PID %d (keeper)" % int(k))
-            kpid = (procfs.ns_pid(int(k)) or int(k)) if nsinfo else int(k)
-            keeper_list.append({"pid": kpid, "starttime": ks})
+            keeper_list.append({"pid": int(k), "starttime": ks})
         now = time.time()
         hold = {"id": _new_id("h", pid), "pid": pid, "starttime": start, "gpus": gpus,
                 "mib": mib, "name": str(name), "release_delay": release_delay,
@@ -755,14 +744,29 @@ class Node:
                 "na_memory": bool(na_memory), "foreign_ns": bool(foreign_ns),
                 "keepers": keeper_list, "keepers_exited_at": None,
                 "watcher_pid": watcher_pid, "meta": meta or {}}
-        hold.update(nsinfo)
-        if host_pid is not None:
-            hold["host_pid"] = host_pid
         with self._locked(True):
             node = self._read_node()
             self._check_alloc(node, self._read_holds(), gpus, mib, now)
+            self._mark_namespace(hold, node.get("host_pidns"))
             self._write_hold(hold)
         return hold["id"]
+
+    @staticmethod
+    def _mark_namespace(hold: dict, host_ns) -> None:
+        """A process in another PID namespace than ``gpusim init``'s (a container): record that namespace and keep
+        the PIDs (holder, keepers) as that namespace numbers them; a caller in the host namespace also records
+        the host PID.  Nodes initialised before ``host_pidns`` existed keep the plain behaviour."""
+        ns = procfs.pid_ns(hold["pid"])
+        if not host_ns or not ns or ns == host_ns:
+            return
+        pid = hold["pid"]
+        hold["pidns"] = ns
+        hold["host_pidns"] = host_ns
+        if procfs.self_pid_ns() == host_ns:
+            hold["host_pid"] = pid
+        hold["pid"] = procfs.ns_pid(pid) or pid
+        for k in hold["keepers"]:
+            k["pid"] = procfs.ns_pid(k["pid"]) or k["pid"]
 
     def orphan(self, gpu, mib: int) -> str:
         """Memory with no process: never listed, freed only by a GPU reset."""
