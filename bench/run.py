@@ -1,8 +1,9 @@
 """`make bench`: the clock check, the outage benchmark, the overlap benchmark (in place against overlap behind smg),
+the container benchmark (a server in podman against a host process),
 the teardown benchmark, the fleet benchmark, the node oracle's cost and the checkpoint check's, then the ratios of this run against the goals.
 
-    .venv/bin/python bench/run.py [--only clock,outage,overlap,progress,teardown,fleet,oracle,checkpoint,prefetch,real-outage]
-                                  [--outage-runs N] [--overlap-runs N] [--real-outage-runs N] [--runs N]
+    .venv/bin/python bench/run.py [--only clock,outage,overlap,container,progress,teardown,fleet,oracle,checkpoint,prefetch,real-outage]
+                                  [--outage-runs N] [--overlap-runs N] [--container-runs N] [--real-outage-runs N] [--runs N]
                                   [--sizes 1,8,32] [--fleet-runs N] [--oracle newest|all|none]
                                   [--profile] [--playbook PATH] [--keep]
 
@@ -26,7 +27,7 @@ import time
 
 import _common as c
 
-PARTS = ("clock", "outage", "overlap", "progress", "teardown", "fleet", "oracle", "checkpoint", "prefetch", "real-outage")
+PARTS = ("clock", "outage", "overlap", "container", "progress", "teardown", "fleet", "oracle", "checkpoint", "prefetch", "real-outage")
 
 # Goals of issue 15 (and the per-host counts of its "what to build").
 GOAL_ADDED_S = 1.0
@@ -45,6 +46,9 @@ def parse_args(argv=None):
                     help="outage rounds (restart, weights, manual each; median; default 3)")
     ap.add_argument("--overlap-runs", type=int, default=1,
                     help="overlap rounds (in place and overlap each, through the smg router; median; default 1)")
+    ap.add_argument("--container-runs", type=int, default=2,
+                    help="container rounds (a config change of a server in podman and of a host process each, alternating;"
+                         " median; default 2). Needs root and podman, else skipped")
     ap.add_argument("--real-outage-runs", type=int, default=2,
                     help="real-outage rounds (ours and manual each, alternating; median; default 2). The part runs "
                          "with real SGLang 0.5.23 servers: in the default parts only when tests/real_server's venv "
@@ -64,8 +68,9 @@ def parse_args(argv=None):
     ap.add_argument("--prefetch-mib", type=int, default=256, help="prefetch: size of the checkpoint in MiB (default 256)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (.cache/bench/<timestamp>)")
     opts = ap.parse_args(argv)
-    if opts.runs < 1 or opts.fleet_runs < 1 or opts.outage_runs < 1 or opts.real_outage_runs < 1 or opts.overlap_runs < 1:
-        ap.error("--runs, --outage-runs, --overlap-runs, --real-outage-runs and --fleet-runs must be >= 1")
+    if opts.runs < 1 or opts.fleet_runs < 1 or opts.outage_runs < 1 or opts.real_outage_runs < 1 or opts.overlap_runs < 1 \
+            or opts.container_runs < 1:
+        ap.error("--runs, --outage-runs, --overlap-runs, --container-runs, --real-outage-runs and --fleet-runs must be >= 1")
     opts.real_outage_asked = bool(opts.only) and "real-outage" in opts.only
     opts.parts = PARTS if not opts.only else tuple(p.strip() for p in opts.only.split(",") if p.strip())
     unknown = [p for p in opts.parts if p not in PARTS]
@@ -285,6 +290,8 @@ def goals_report(rows):
 MODULE_PARTS = (
     ("outage", "outage", lambda opts: "outage benchmark (%d rounds)" % opts.outage_runs),
     ("overlap", "overlap", lambda opts: "overlap benchmark (%d round(s), in place and overlap behind smg)" % opts.overlap_runs),
+    ("container", "container",
+     lambda opts: "container benchmark (%d round(s), podman container and host process each)" % opts.container_runs),
     ("progress", "progress", lambda opts: "progress benchmark (%d rounds)" % opts.outage_runs),
     ("teardown", "teardown", lambda opts: "teardown benchmark (%d runs per case)" % opts.runs),
     ("fleet", "fleet", lambda opts: "fleet benchmark (sizes %s)" % ",".join(map(str, opts.sizes))),
@@ -368,6 +375,7 @@ def main(argv=None):
     failed = failed or any(size.get("failed") for size in result.get("fleet", {}).get("sizes", []))
     failed = failed or bool(result.get("outage", {}).get("summary", {}).get("failures"))
     failed = failed or bool(result.get("overlap", {}).get("summary", {}).get("failures")) or "error" in result.get("overlap", {})
+    failed = failed or bool(result.get("container", {}).get("summary", {}).get("failures")) or "error" in result.get("container", {})
     failed = failed or bool(result.get("progress", {}).get("summary", {}).get("failures"))
     failed = failed or bool(result.get("real_outage", {}).get("summary", {}).get("failures"))
     failed = failed or "error" in result.get("real_outage", {})
