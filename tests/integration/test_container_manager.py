@@ -306,3 +306,48 @@ def test_an_interrupted_container_redeploy_is_continued_from_the_journal(node, p
     assert (after["Id"], after["State"]["Pid"]) == (box["Id"], box["State"]["Pid"])
     record = json.loads((node.etc / "known-good" / "server.json").read_text())
     assert record["fingerprint"] == entry["candidate"]["fingerprint"] and record["image"]["id"] == image["id"]
+
+
+def test_a_weight_only_update_in_a_container_swaps_in_place_when_the_container_sees_the_new_checkpoint(
+        node, podman_engine, image, tmp_path):
+    """The models' parent directory is a volume of the container: a new checkpoint of the same config is loaded in place
+    (same container, same PID, nothing signalled). A checkpoint outside every mount of the running container cannot be
+    loaded from inside it: the plan restarts (the new container mounts it) and says why."""
+    from test_weights_redeploy import NO_SPECULATION, checkpoint
+    from checkpoint_files import write_weights
+    engine = podman_engine
+    write_weights(node.target, seed="launch")
+
+    def plain(path=None, **extra):
+        hv = box_vars(node, engine, image["ref"], sglang_smoke_min_accept_length=0, **extra)
+        hv["sglang_server_container"]["volumes"].append("%s:%s:ro" % (node.models, node.models))
+        hv["sglang_server_args"] = dict(node.server_args(**NO_SPECULATION), **({"model_path": str(path)} if path else {}))
+        return hv
+
+    run = node.run(host_vars=plain())
+    assert run.rc == 0, run.summary()
+    box = running_box(engine, node)
+    new = checkpoint(node, "kimi-k2.5-step2")
+    run = node.run(host_vars=plain(new))
+    row = run.row()
+    assert run.rc == 0 and row["status"] == "deployed" and row["mode"] == "weights", row
+    assert row["signalled"] == [], row["signalled"]
+    after = running_box(engine, node)
+    assert (after["Id"], after["State"]["Pid"]) == (box["Id"], box["State"]["Pid"])
+    assert row["effective_args"]["model_path"] == str(new)
+
+    outside = tmp_path / "elsewhere" / "kimi-k2.5-step3"
+    outside.parent.mkdir()
+    node_models, node.models = node.models, outside.parent
+    try:
+        other = checkpoint(node, outside.name)
+    finally:
+        node.models = node_models
+    check = node.run(host_vars=plain(other), check=True)
+    row = check.row()
+    assert row["plan"] == "restart", row
+    result = check.task_result(PREFLIGHT)
+    why = result["plan"]["weights"]["why"]
+    assert result["plan"]["weights"]["mode"] == "restart" and "does not see %s" % other in why, why
+    assert "sglang_server_container volumes" in why
+    assert any(line.startswith("no in-place weight update: ") and "does not see" in line for line in result["lines"]), result["lines"]

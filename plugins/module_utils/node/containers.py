@@ -111,6 +111,7 @@ def parse_inspect(text):
         'status': state.get('Status'),
         'pid': state.get('Pid'),
         'labels': dict(config.get('Labels') or {}) if isinstance(config.get('Labels'), dict) else {},
+        'mounts': [(m.get('Source'), m.get('Destination')) for m in data.get('Mounts') or [] if isinstance(m, dict)],
     }
 
 

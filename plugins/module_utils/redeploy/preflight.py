@@ -22,6 +22,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import di
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import journal as journal_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import caches as caches_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server import launcher as launch_mod
+from ansible_collections.gpufleet.sglang.plugins.module_utils.server import container_control
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import lease as lease_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import survey as pf
 from ansible_collections.gpufleet.sglang.plugins.module_utils.redeploy import identity
@@ -337,12 +338,27 @@ class Preflight(TargetInspection):
             if wplan["mode"] == "weights" and others:
                 wplan = dict(wplan, mode="restart", why="more than the checkpoint changes (%s)" % ", ".join(others),
                              reasons=list(wplan.get("reasons") or []) + ["changes beyond the checkpoint: %s" % ", ".join(others)])
+            wplan = self.container_sees_checkpoint(wplan, found, launcher)
         if mode == "weights" and wplan["mode"] != "weights":
             self.problem("%s: weights was asked for, but an in-place update cannot reach the intended "
                          "config: %s" % (self.names.of("redeploy_mode"), "; ".join(wplan.get("reasons") or []) or wplan["why"]))
         if wplan["mode"] == "weights":
             decision = dict(decision, action=WEIGHTS, why="only the weights change: %s" % wplan["why"])
         return decision, wplan
+
+    def container_sees_checkpoint(self, wplan, found, launcher):
+        """In a container, an in-place update loads the new path inside it: the running container must see that path
+        (a volume over its parent, at the same path); else only a restart, which mounts the new model, applies it."""
+        cur = found.get("current") or {}
+        path = launcher.args.get("model_path")
+        if wplan["mode"] != "weights" or launcher.box is None or not cur.get("container") or not path:
+            return wplan
+        if container_control.sees(cur.get("mounts"), path):
+            return wplan
+        reason = ("the running container %s does not see %s (its mounts: %s); mount the models' parent directory with "
+                  "%s volumes to update weights in place" % (cur["container"].get("name"), path, ", ".join(
+                      "%s:%s" % m for m in cur.get("mounts") or []) or "none", self.names.of("container")))
+        return dict(wplan, mode="restart", why=reason, reasons=list(wplan.get("reasons") or []) + [reason])
 
     def runtime_adapters(self, launcher):
         """LoRA adapters the running server loaded at runtime (``/load_lora_adapter``): they vanish on a restart, so the

@@ -289,8 +289,13 @@ class ContainerControl(object):
         pid = int(info["pid"])
         if not sp.alive(pid):
             return cur
-        cur.update(pid=pid, start=sp.starttime(pid), source="container", fingerprint=labels.get("%s.fingerprint" % LABEL) or None,
-                   container=_public(info))
+        start = sp.starttime(pid)
+        # The label names the launch's identity; the state file follows it after an in-place weight update (same
+        # container, new checkpoint), so it wins when it names this very process.
+        record = cur.get("record") or {}
+        fingerprint = record.get("fingerprint") if (record.get("pid") == pid and record.get("starttime") == start) else None
+        cur.update(pid=pid, start=start, source="container", fingerprint=fingerprint or labels.get("%s.fingerprint" % LABEL) or None,
+                   container=_public(info), mounts=list(info.get("mounts") or []))
         return cur
 
     def box_stop(self, cur):
@@ -353,6 +358,19 @@ class ContainerControl(object):
         if rc != 0:
             return ""
         return (out or "") + (err or "")
+
+
+def sees(mounts, path):
+    """True when a container with ``mounts`` (``[(host source, container destination)]``) sees the host's ``path`` at
+    the same path (an in-place weight update loads the path it is given, inside the container)."""
+    path = os.path.normpath(str(path))
+    for source, dest in mounts or []:
+        if not source or not dest:
+            continue
+        dest = os.path.normpath(dest)
+        if path == dest or path.startswith(dest.rstrip("/") + "/"):
+            return os.path.normpath(os.path.normpath(source) + path[len(dest):]) == path
+    return False
 
 
 def _public(info):
