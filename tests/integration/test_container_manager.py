@@ -351,3 +351,38 @@ def test_a_weight_only_update_in_a_container_swaps_in_place_when_the_container_s
     assert result["plan"]["weights"]["mode"] == "restart" and "does not see %s" % other in why, why
     assert "sglang_server_container volumes" in why
     assert any(line.startswith("no in-place weight update: ") and "does not see" in line for line in result["lines"]), result["lines"]
+
+
+def test_check_mode_shows_the_container_the_image_change_and_its_digest_and_changes_nothing(node, podman_engine, image):
+    """``--check --diff`` after the tag moved: the plan line names the new image (its ID), the diff shows the image
+    before and after, the check-mode report shows both, and the running container is untouched."""
+    engine = podman_engine
+    tag = "localhost/gpufleet-test/checked:%d" % os.getpid()
+    engine.cli("tag", image["id"], tag)
+    try:
+        run = node.run(host_vars=box_vars(node, engine, tag))
+        assert run.rc == 0, run.summary()
+        before = running_box(engine, node)
+        work = engine.cli("run", "-d", "--pull", "never", image["id"], "sleep", "60").stdout.strip().splitlines()[-1]
+        node.box_ids.add(work)
+        other = engine.cli("commit", work, tag).stdout.strip().splitlines()[-1].replace("sha256:", "")
+        engine.cli("rm", "--force", work)
+        check = node.run(host_vars=box_vars(node, engine, tag), check=True)
+        assert check.rc == 0, check.summary()
+        pre = check.task_result(PREFLIGHT)
+        assert pre["plan"]["image"]["id"] == other and pre["plan"]["running_image"]["id"] == image["id"]
+        # The words name the new image: its repository digest (podman gives a committed image one), else its ID.
+        digests = json.loads(engine.cli("image", "inspect", other).stdout)[0].get("RepoDigests") or []
+        words = pre["plan"]["image"]["words"]
+        assert words in digests or other[:12] in words, (words, digests)
+        assert "manager podman, image %s;" % words in pre["lines"][0], pre["lines"][0]
+        diffs = [d for d in pre["diff"] if "container image" in d["after_header"]]
+        assert diffs and "image: %s\n" % words in diffs[0]["after"], pre["diff"]
+        assert "image: " in diffs[0]["before"] and diffs[0]["before"] != diffs[0]["after"], diffs[0]
+        row = check.row()
+        assert row["status"] == "planned" and row["image"]["before"]["id"] == image["id"] and row["image"]["after"]["id"] == other
+        assert "- Image: before %s (" % tag in check.report_md and "; after %s (" % tag in check.report_md, check.report_md
+        after = running_box(engine, node)
+        assert (after["Id"], after["State"]["Pid"]) == (before["Id"], before["State"]["Pid"])
+    finally:
+        engine.cli("rmi", "--force", tag, check=False)

@@ -35,7 +35,7 @@ from ansible_collections.gpufleet.sglang.plugins.module_utils.sglang import rend
 
 MASK = secret_rules.MASK
 CHANGED = MASK + " (changed)"
-SECTIONS = ("argv", "config", "env", "unit")
+SECTIONS = ("argv", "config", "env", "unit", "image")
 NOTHING = "nothing runs"
 
 
@@ -118,7 +118,7 @@ def _secret_values(*launches):
 
 
 def texts(launch, changed=None, secrets=()):
-    """The four texts of one launch (``""`` for a part it does not have), secrets masked; ``changed``:
+    """The five texts of one launch (``""`` for a part it does not have), secrets masked; ``changed``:
     :func:`changed_secrets` (marked on this side)."""
     launch = launch or {}
     changed = changed or {"args": (), "env": ()}
@@ -131,7 +131,20 @@ def texts(launch, changed=None, secrets=()):
         "env": env_text(launch.get("env"), launch.get("secret_env"), changed.get("env"), secrets)
         if ("env" in launch or "secret_env" in launch) else "",
         "unit": secret_rules.mask_text(launch.get("unit_text") or "", secrets),
+        # Managers docker and podman: the image (reference and digest or ID) and how its container runs.
+        "image": secret_rules.mask_text(image_text(launch.get("image"), launch.get("container")), secrets),
     }
+
+
+def image_text(image, container):
+    """The image and the container options of a launch in a container, one per line (``""`` for a host process)."""
+    if not image:
+        return ""
+    lines = ["image: %s" % image]
+    for key, value in sorted((container or {}).items()):
+        if key != "pull" and value not in (None, "", []):
+            lines.append("%s: %s" % (key, ", ".join(str(v) for v in value) if isinstance(value, list) else value))
+    return "\n".join(lines) + "\n"
 
 
 def _short(fingerprint):
@@ -151,6 +164,8 @@ def _header(launch, part, other):
     if part == "unit":
         path = launch.get("unit_path") or (other or {}).get("unit_path")
         return "%s (%s)" % (path, label)
+    if part == "image":
+        return "SGLang server %s: container image (%s)" % (name, label)
     what = "command line" if part == "argv" else "environment"
     return "SGLang server %s: %s (%s)" % (name, what, label)
 

@@ -191,7 +191,8 @@ class LaunchPlan(object):
                 "secret_env": dict(self.secret_env), "secret_args": dict(self.secret_args), "version": self.version,
                 "config_path": self.config_path if self.config_text is not None else None,
                 "unit_path": self.unit_path if self.unit_text is not None else None, "unit_text": self.unit_text,
-                "secrets": list(self.secrets), "image": self.image_words()}
+                "secrets": list(self.secrets), "image": self.image_words(),
+                "container": dict(self.box, name=self.container_name) if self.box is not None else None}
 
     # ---------------- record and files ----------------
 
