@@ -31,7 +31,10 @@ touched, and refuses an image that is missing or built for another architecture.
 Digests: ``RepoDigests`` are manifest digests, one per repository the image came from. Docker records one only for
 an image pulled from (or pushed to) a registry: a ``docker load`` or ``docker import`` has none, so ``digest`` is None
 and the image ID names it. Podman records the digest of the manifest it stored for every image, local builds and
-imports included (``localhost/x@sha256:...``). Standard library only, Python 3.9+, argv lists, no shell.
+imports included (``localhost/x@sha256:...``); a pull of an image it already holds under another name adds the
+name to that image, and ``RepoDigests`` becomes every name with every manifest digest the image was stored with:
+in the one case recorded (podman 4.3.1) the registry's digest came first, while the ``Digest`` field kept the
+earlier local one, which the registry does not have, so ``Digest`` is not used. Standard library only, Python 3.9+, argv lists, no shell.
 """
 
 from __future__ import annotations
@@ -114,18 +117,17 @@ def _explicit_registry(ref):
     return len(first) > 1 and ('.' in first[0] or ':' in first[0] or first[0] == 'localhost')
 
 
-def _pick_digest(ref, repo_digests, stored_digest=None):
-    """The repo digest of ``ref``'s repository among ``repo_digests`` (podman keeps a manifest list's digest and the
-    instance's; the one ``ref`` names, else the one podman's ``Digest`` names, else the first), or None."""
+def _pick_digest(ref, repo_digests):
+    """The repo digest of ``ref``'s repository among ``repo_digests``: the one ``ref`` names, else the first (the
+    order the runtime lists them in; see the module docstring), or None."""
     repo, dummy, want = split_ref(ref)
     same = [d for d in repo_digests if '@' in d and split_ref(d)[0] == repo]
     if not same and not _explicit_registry(ref):
         # A short name that the runtime resolved elsewhere (podman: localhost/, a search registry).
         same = [d for d in repo_digests if '@' in d and _path_of(split_ref(d)[0]) == _path_of(repo)]
-    for wanted in (want, stored_digest):
-        for d in same:
-            if wanted and d.endswith('@' + wanted):
-                return d
+    for d in same:
+        if want and d.endswith('@' + want):
+            return d
     return same[0] if same else None
 
 
@@ -147,7 +149,7 @@ def parse_inspect(ref, text):
         'ref': str(ref),
         'id': 'sha256:' + match.group(1),
         'repo_digests': repo_digests,
-        'digest': _pick_digest(ref, repo_digests, data.get('Digest')),
+        'digest': _pick_digest(ref, repo_digests),
         'architecture': data.get('Architecture') or None,
         'os': data.get('Os') or None,
         'variant': data.get('Variant') or None,
