@@ -24,7 +24,8 @@ import pytest
 
 from conftest import wait_until
 from container_images import Registry, node_image, podman_env, sglang_sim_image
-from test_containers import DOCKER_IO_CLIENT, dockerd  # noqa: F401 - the private dockerd fixture, reused
+# The private dockerd fixture of test_containers, reused (by getfixturevalue): imported, not copied.
+from test_containers import DOCKER_IO_CLIENT, dockerd  # noqa: F401 # pylint: disable=unused-import
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import Names
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import images

@@ -19,10 +19,11 @@ touched, and refuses an image that is missing or built for another architecture.
   the pull is killed by its PID (its own process group). Registry credentials come from the runtime's own auth file
   (``REGISTRY_AUTH_FILE`` / ``DOCKER_CONFIG`` through ``env``), never from argv.
 * :func:`node_architecture`: this node's architecture in OCI words (``x86_64`` -> ``amd64``, ``aarch64`` -> ``arm64``).
-* :func:`check` ``(run, cli, ref, pull_policy, timeout, on_line=None, names=PLAIN, pull=pull, arch=None)``:
-  ``{"ok", "image", "pulled", "error"}``; ``pull_policy`` ``missing`` (pull when absent), ``always`` or ``never``.
-  Refuses a missing image and one for another architecture, naming the variable (``names.of("image")``) and the fix.
-  Never raises.
+* :func:`check` ``(run, cli, ref, pull_policy, timeout, on_line=None, names=PLAIN, pull=pull, arch=None, env=None)``:
+  ``{"ok", "image", "pulled", "error"}``; ``pull_policy`` ``missing`` (pull when absent), ``always`` (pull first; a
+  failed pull refuses even when an older copy is on the node) or ``never``. Refuses a missing image and one for
+  another architecture, naming the variable (``names.of("image")``) and the fix. ``arch``: the node's (default
+  :func:`node_architecture`); ``env``: the pull's environment. Never raises.
 * :func:`run_ref` ``(info)``: what to give ``<cli> run`` to start exactly this image: its 64-hex image ID (both
   runtimes take it as an ID; a tag that moves after the check does not change what runs).
 * :func:`describe` ``(info)``: ``repo@sha256:...`` (the repo digest) when there is one, else ``ref (image sha256:...)``
@@ -202,9 +203,10 @@ def _lines(buf, on_line, keep):
         keep.append(line)
         del keep[:-40]
         if on_line is not None:
+            # A progress display that fails never fails the pull.
             try:
                 on_line(line)
-            except Exception:  # pylint: disable=broad-except - a progress display never fails the pull
+            except Exception:  # pylint: disable=broad-except
                 pass
     return parts[-1]
 
@@ -289,7 +291,8 @@ def check(run, cli, ref, pull_policy, timeout, on_line=None, names=PLAIN, pull=p
                 'use a tag or digest of the image for %s (a multi-arch tag pulled on this node gets it)' % node)
             return out
         out['ok'] = True
-    except Exception as exc:  # pylint: disable=broad-except - the preflight reports, never crashes
+    except Exception as exc:  # pylint: disable=broad-except
+        # The preflight reports, never crashes.
         out['error'] = '%s %s could not be checked: %s' % (var, ref, exc)
     return out
 
