@@ -150,6 +150,20 @@ def test_pull_policy_never_refuses_an_absent_image_without_pulling(rt):
                             "there first (%s pull %s), or allow the pull" % (ref, rt.name, ref))
 
 
+def _closed(conn):
+    """True when the peer closed ``conn`` (what it sent is read and dropped; then EOF or an error), False while it
+    is open and silent."""
+    conn.settimeout(0.01)
+    try:
+        while conn.recv(65536):
+            pass
+        return True
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
 def test_a_pull_that_hangs_is_killed_by_pid(rt):
     """A registry that accepts the connection and never answers: the pull is killed at the deadline."""
     server = socket.socket()
@@ -174,6 +188,10 @@ def test_a_pull_that_hangs_is_killed_by_pid(rt):
         pid = int(re.search(r"PID (\d+), was killed", error).group(1))
         assert not os.path.exists("/proc/%d" % pid) or open("/proc/%d/stat" % pid).read().split(") ", 1)[1][0] == "Z"
         assert held, "the pull never reached the registry"
+        # Nothing goes on pulling: the registry's connections are closed by the other end (for docker: the daemon
+        # gives the pull up when its client goes away).
+        assert wait_until(lambda: all(_closed(conn) for conn in list(held)), timeout=60, interval=0.5), \
+            "a connection to the hanging registry stays open after the pull was killed"
     finally:
         stop.set()
         thread.join(timeout=10)

@@ -187,6 +187,14 @@ def test_check_always_pulls_even_a_present_image():
     assert res["ok"] is True and res["pulled"] is True and len(pull.calls) == 1 and len(run.calls) == 1
 
 
+def test_check_always_refuses_when_the_pull_fails_even_with_a_local_copy():
+    run = FakeRun(found("podman-4.3.1-node.json"))
+    res = images.check(run, "podman", "localhost/gpufleet-node:1", "always", 60, pull=FakePull(ok=False, error="boom"),
+                       arch="amd64")
+    assert res["ok"] is False and res["image"] is None and run.calls == []
+    assert "the pull failed (boom)" in res["error"]
+
+
 def test_check_never_refuses_an_absent_image_and_names_the_variable():
     pull = FakePull()
     names = Names({"image": "sglang_server_image"})
