@@ -146,8 +146,8 @@ def test_pull_policy_never_refuses_an_absent_image_without_pulling(rt):
     ref = "localhost/gpufleet-nope/absent:%s" % os.urandom(4).hex()
     res = images.check(rt.run, rt.cli, ref, "never", 60, names=NAMES, pull=spy, env=rt.env)
     assert res["ok"] is False and calls == []
-    assert res["error"] == ("sglang_server_image %s: the image is not on the node and the pull policy is never; pull it "
-                            "there first (%s pull %s), or allow the pull" % (ref, rt.name, ref))
+    assert res["error"] == ("sglang_server_image %s: the image is not on the node and pull_policy is never; pull it "
+                            "there first (%s pull %s), or set pull_policy to missing" % (ref, rt.name, ref))
 
 
 def _closed(conn):

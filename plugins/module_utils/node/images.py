@@ -22,7 +22,7 @@ touched, and refuses an image that is missing or built for another architecture.
 * :func:`check` ``(run, cli, ref, pull_policy, timeout, on_line=None, names=PLAIN, pull=pull, arch=None, env=None)``:
   ``{"ok", "image", "pulled", "error"}``; ``pull_policy`` ``missing`` (pull when absent), ``always`` (pull first; a
   failed pull refuses even when an older copy is on the node) or ``never``. Refuses a missing image and one for
-  another architecture, naming the variable (``names.of("image")``) and the fix. ``arch``: the node's (default
+  another architecture, naming the variables (``names.of("image")``, ``names.of("pull_policy")``) and the fix. ``arch``: the node's (default
   :func:`node_architecture`); ``env``: the pull's environment. Never raises.
 * :func:`run_ref` ``(info)``: what to give ``<cli> run`` to start exactly this image: its 64-hex image ID (both
   runtimes take it as an ID; a tag that moves after the check does not change what runs).
@@ -263,17 +263,20 @@ def check(run, cli, ref, pull_policy, timeout, on_line=None, names=PLAIN, pull=p
                            'not %r' % (var, ref)
             return out
         if pull_policy not in POLICIES:
-            out['error'] = 'the pull policy must be one of %s, not %r' % (', '.join(POLICIES), pull_policy)
+            out['error'] = '%s must be one of %s, not %r' % (names.of('pull_policy'), ', '.join(POLICIES), pull_policy)
             return out
         info = None if pull_policy == 'always' else inspect(run, cli, ref)
         if info is None and pull_policy == 'never':
-            out['error'] = _refusal(names, ref, 'the image is not on the node and the pull policy is never',
-                                    'pull it there first (%s pull %s), or allow the pull' % (runtime_of(cli), ref))
+            out['error'] = _refusal(names, ref, 'the image is not on the node and %s is never' % names.of('pull_policy'),
+                                    'pull it there first (%s pull %s), or set %s to missing'
+                                    % (runtime_of(cli), ref, names.of('pull_policy')))
             return out
         if info is None:
             ok, why = pull(cli, ref, timeout, on_line=on_line, env=env)
             if not ok:
-                out['error'] = _refusal(names, ref, 'the image is not on the node and the pull failed (%s)' % why,
+                what = '%s is always and the pull failed' % names.of('pull_policy') if pull_policy == 'always' else \
+                    'the image is not on the node and the pull failed'
+                out['error'] = _refusal(names, ref, '%s (%s)' % (what, why),
                                         'check the name and tag, the registry and its credentials on the node, or '
                                         'load the image there (%s load)' % runtime_of(cli))
                 return out

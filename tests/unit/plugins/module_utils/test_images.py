@@ -192,16 +192,17 @@ def test_check_always_refuses_when_the_pull_fails_even_with_a_local_copy():
     res = images.check(run, "podman", "localhost/gpufleet-node:1", "always", 60, pull=FakePull(ok=False, error="boom"),
                        arch="amd64")
     assert res["ok"] is False and res["image"] is None and run.calls == []
-    assert "the pull failed (boom)" in res["error"]
+    assert res["error"].startswith("image localhost/gpufleet-node:1: pull_policy is always and the pull failed (boom); ")
 
 
 def test_check_never_refuses_an_absent_image_and_names_the_variable():
     pull = FakePull()
-    names = Names({"image": "sglang_server_image"})
+    names = Names({"image": "sglang_server_image", "pull_policy": "sglang_server_image_pull"})
     res = images.check(FakeRun(absent("podman")), "podman", "lmsysorg/sglang:v9", "never", 60, names=names, pull=pull)
     assert res["ok"] is False and res["image"] is None and pull.calls == []
-    assert res["error"] == ("sglang_server_image lmsysorg/sglang:v9: the image is not on the node and the pull policy "
-                            "is never; pull it there first (podman pull lmsysorg/sglang:v9), or allow the pull")
+    assert res["error"] == ("sglang_server_image lmsysorg/sglang:v9: the image is not on the node and "
+                            "sglang_server_image_pull is never; pull it there first (podman pull lmsysorg/sglang:v9), or "
+                            "set sglang_server_image_pull to missing")
 
 
 def test_check_refuses_when_the_pull_fails_and_says_why():
@@ -231,7 +232,7 @@ def test_check_refuses_another_architecture_naming_both():
     ("", "missing", "image must be an image reference"),
     ("a b:1", "missing", "image must be an image reference"),
     (None, "missing", "image must be an image reference"),
-    ("x:1", "sometimes", "the pull policy must be one of missing, always, never, not 'sometimes'"),
+    ("x:1", "sometimes", "pull_policy must be one of missing, always, never, not 'sometimes'"),
 ])
 def test_check_refuses_bad_input_before_running_anything(ref, policy, words):
     run = FakeRun((0, "[]", ""))
