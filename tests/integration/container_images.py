@@ -96,6 +96,7 @@ class Registry(object):
 
     def __init__(self, root):
         self.root = pathlib.Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
         self.repos = {}          # repo -> {tag or digest: (media type, manifest bytes)}
         self.blobs = {}          # digest -> path
         registry = self
@@ -160,7 +161,7 @@ class Registry(object):
 
     def add(self, image, repo, tag):
         """Publish the podman image ``image`` as ``<host>/<repo>:<tag>``; returns the manifest digest."""
-        layout = self.root / ("%s-%s" % (repo.replace("/", "_"), tag))
+        layout = self.root / ("%s-%s-%s" % (repo.replace("/", "_"), tag, os.urandom(4).hex()))
         _podman("push", "-q", "--format", "v2s2", "--compress", image, "dir:%s" % layout)
         body = (layout / "manifest.json").read_bytes()
         manifest = json.loads(body)

@@ -19,10 +19,11 @@ touched, and refuses an image that is missing or built for another architecture.
   the pull is killed by its PID (its own process group). Registry credentials come from the runtime's own auth file
   (``REGISTRY_AUTH_FILE`` / ``DOCKER_CONFIG`` through ``env``), never from argv.
 * :func:`node_architecture`: this node's architecture in OCI words (``x86_64`` -> ``amd64``, ``aarch64`` -> ``arm64``).
-* :func:`check` ``(run, cli, ref, pull_policy, timeout, on_line=None, names=PLAIN, pull=pull, arch=None)``:
-  ``{"ok", "image", "pulled", "error"}``; ``pull_policy`` ``missing`` (pull when absent), ``always`` or ``never``.
-  Refuses a missing image and one for another architecture, naming the variable (``names.of("image")``) and the fix.
-  Never raises.
+* :func:`check` ``(run, cli, ref, pull_policy, timeout, on_line=None, names=PLAIN, pull=pull, arch=None, env=None)``:
+  ``{"ok", "image", "pulled", "error"}``; ``pull_policy`` ``missing`` (pull when absent), ``always`` (pull first; a
+  failed pull refuses even when an older copy is on the node) or ``never``. Refuses a missing image and one for
+  another architecture, naming the variables (``names.of("image")``, ``names.of("pull_policy")``) and the fix. ``arch``: the node's (default
+  :func:`node_architecture`); ``env``: the pull's environment. Never raises.
 * :func:`run_ref` ``(info)``: what to give ``<cli> run`` to start exactly this image: its 64-hex image ID (both
   runtimes take it as an ID; a tag that moves after the check does not change what runs).
 * :func:`describe` ``(info)``: ``repo@sha256:...`` (the repo digest) when there is one, else ``ref (image sha256:...)``
@@ -31,7 +32,10 @@ touched, and refuses an image that is missing or built for another architecture.
 Digests: ``RepoDigests`` are manifest digests, one per repository the image came from. Docker records one only for
 an image pulled from (or pushed to) a registry: a ``docker load`` or ``docker import`` has none, so ``digest`` is None
 and the image ID names it. Podman records the digest of the manifest it stored for every image, local builds and
-imports included (``localhost/x@sha256:...``). Standard library only, Python 3.9+, argv lists, no shell.
+imports included (``localhost/x@sha256:...``); a pull of an image it already holds under another name adds the
+name to that image, and ``RepoDigests`` becomes every name with every manifest digest the image was stored with:
+in the one case recorded (podman 4.3.1) the registry's digest came first, while the ``Digest`` field kept the
+earlier local one, which the registry does not have, so ``Digest`` is not used. Standard library only, Python 3.9+, argv lists, no shell.
 """
 
 from __future__ import annotations
@@ -114,18 +118,17 @@ def _explicit_registry(ref):
     return len(first) > 1 and ('.' in first[0] or ':' in first[0] or first[0] == 'localhost')
 
 
-def _pick_digest(ref, repo_digests, stored_digest=None):
-    """The repo digest of ``ref``'s repository among ``repo_digests`` (podman keeps a manifest list's digest and the
-    instance's; the one ``ref`` names, else the one podman's ``Digest`` names, else the first), or None."""
+def _pick_digest(ref, repo_digests):
+    """The repo digest of ``ref``'s repository among ``repo_digests``: the one ``ref`` names, else the first (the
+    order the runtime lists them in; see the module docstring), or None."""
     repo, dummy, want = split_ref(ref)
     same = [d for d in repo_digests if '@' in d and split_ref(d)[0] == repo]
     if not same and not _explicit_registry(ref):
         # A short name that the runtime resolved elsewhere (podman: localhost/, a search registry).
         same = [d for d in repo_digests if '@' in d and _path_of(split_ref(d)[0]) == _path_of(repo)]
-    for wanted in (want, stored_digest):
-        for d in same:
-            if wanted and d.endswith('@' + wanted):
-                return d
+    for d in same:
+        if want and d.endswith('@' + want):
+            return d
     return same[0] if same else None
 
 
@@ -147,7 +150,7 @@ def parse_inspect(ref, text):
         'ref': str(ref),
         'id': 'sha256:' + match.group(1),
         'repo_digests': repo_digests,
-        'digest': _pick_digest(ref, repo_digests, data.get('Digest')),
+        'digest': _pick_digest(ref, repo_digests),
         'architecture': data.get('Architecture') or None,
         'os': data.get('Os') or None,
         'variant': data.get('Variant') or None,
@@ -200,9 +203,10 @@ def _lines(buf, on_line, keep):
         keep.append(line)
         del keep[:-40]
         if on_line is not None:
+            # A progress display that fails never fails the pull.
             try:
                 on_line(line)
-            except Exception:  # pylint: disable=broad-except - a progress display never fails the pull
+            except Exception:  # pylint: disable=broad-except
                 pass
     return parts[-1]
 
@@ -259,17 +263,20 @@ def check(run, cli, ref, pull_policy, timeout, on_line=None, names=PLAIN, pull=p
                            'not %r' % (var, ref)
             return out
         if pull_policy not in POLICIES:
-            out['error'] = 'the pull policy must be one of %s, not %r' % (', '.join(POLICIES), pull_policy)
+            out['error'] = '%s must be one of %s, not %r' % (names.of('pull_policy'), ', '.join(POLICIES), pull_policy)
             return out
         info = None if pull_policy == 'always' else inspect(run, cli, ref)
         if info is None and pull_policy == 'never':
-            out['error'] = _refusal(names, ref, 'the image is not on the node and the pull policy is never',
-                                    'pull it there first (%s pull %s), or allow the pull' % (runtime_of(cli), ref))
+            out['error'] = _refusal(names, ref, 'the image is not on the node and %s is never' % names.of('pull_policy'),
+                                    'pull it there first (%s pull %s), or set %s to missing'
+                                    % (runtime_of(cli), ref, names.of('pull_policy')))
             return out
         if info is None:
             ok, why = pull(cli, ref, timeout, on_line=on_line, env=env)
             if not ok:
-                out['error'] = _refusal(names, ref, 'the image is not on the node and the pull failed (%s)' % why,
+                what = '%s is always and the pull failed' % names.of('pull_policy') if pull_policy == 'always' else \
+                    'the image is not on the node and the pull failed'
+                out['error'] = _refusal(names, ref, '%s (%s)' % (what, why),
                                         'check the name and tag, the registry and its credentials on the node, or '
                                         'load the image there (%s load)' % runtime_of(cli))
                 return out
@@ -287,7 +294,8 @@ def check(run, cli, ref, pull_policy, timeout, on_line=None, names=PLAIN, pull=p
                 'use a tag or digest of the image for %s (a multi-arch tag pulled on this node gets it)' % node)
             return out
         out['ok'] = True
-    except Exception as exc:  # pylint: disable=broad-except - the preflight reports, never crashes
+    except Exception as exc:  # pylint: disable=broad-except
+        # The preflight reports, never crashes.
         out['error'] = '%s %s could not be checked: %s' % (var, ref, exc)
     return out
 

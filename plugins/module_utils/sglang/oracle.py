@@ -219,7 +219,7 @@ def resolve_in_image(cli, image_ref, args_or_argv, version, gpu, env=None, mount
 
     ``<cli> run --rm -i --network none --pull never --name gpufleet-oracle-<pid>-<hex> [-v host:ctr:ro ...]
     --entrypoint <python> <image_ref> -c <helper source>``: no GPU (no --gpus, no --device), no network, never a
-    pull, the image's ENTRYPOINT bypassed (a CUDA base image's banner script would print before the answer). The
+    pull, the image's ENTRYPOINT bypassed (one that prints on stdout, such as a banner, would spoil the answer). The
     request, ``env`` included (the helper applies it inside before importing SGLang), goes on stdin: never in argv.
     On a timeout the client is killed by PID and the container removed by its name. ``cli_env``: the runtime
     client's environment (DOCKER_HOST, CONTAINERS_CONF; default this process's). Returns resolve_on_node's result

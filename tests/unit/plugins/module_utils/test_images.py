@@ -74,6 +74,26 @@ def test_docker_import_has_no_repo_digest():
     assert images.run_ref(info) == "5d3d83ef785b42b198db760ebc7e62841341b996169bb65e3a9a774b42755305"
 
 
+REGISTRY_DIGEST = "sha256:53f7a67b3cdb7828821d0c778c4935d837cdcb783c576df70babb9cb843cb55b"
+
+
+def test_docker_pull_records_the_registrys_manifest_digest():
+    info = images.inspect(FakeRun(found("docker-20.10-pulled.json")), "docker", "127.0.0.1:39433/gpufleet/tiny:1")
+    assert info["digest"] == "127.0.0.1:39433/gpufleet/tiny@" + REGISTRY_DIGEST
+    assert info["id"] == "sha256:5d07a7229c84db6fca7df517f6f49cfea40319cac8965451c002583f3a23c3dc"
+
+
+def test_podman_pull_over_a_local_image_picks_the_registrys_digest_not_the_local_one():
+    raw = json.loads(text("podman-4.3.1-pulled-over-local.json"))[0]
+    assert len(raw["RepoDigests"]) == 4 and raw["Digest"] != REGISTRY_DIGEST     # what podman recorded
+    info = images.inspect(FakeRun(found("podman-4.3.1-pulled-over-local.json")), "podman", "127.0.0.1:39433/gpufleet/tiny:1")
+    assert info["digest"] == "127.0.0.1:39433/gpufleet/tiny@" + REGISTRY_DIGEST
+    assert info["id"] == "sha256:5d07a7229c84db6fca7df517f6f49cfea40319cac8965451c002583f3a23c3dc"   # docker's too
+    assert images.describe(info) == info["digest"]
+    local = images.inspect(FakeRun(found("podman-4.3.1-pulled-over-local.json")), "podman", "localhost/gpufleet-rec/tiny:1")
+    assert local["digest"].startswith("localhost/gpufleet-rec/tiny@sha256:")
+
+
 def test_docker_load_keeps_the_image_id_and_architecture_of_podman():
     info = images.inspect(FakeRun(found("docker-20.10-load-arm64.json")), "docker", "localhost/gpufleet-rec/arm:1")
     assert info["id"] == "sha256:" + ARM_ID and info["architecture"] == "arm64" and info["digest"] is None
@@ -94,28 +114,27 @@ def test_other_inspect_failures_raise():
         images.inspect(FakeRun((0, "json\n", "")), "docker", "x:1")       # what 20.10 prints for --format json
 
 
-@pytest.mark.parametrize("ref, digests, stored, want", [
-    ("lmsysorg/sglang:v0.5.4", ["lmsysorg/sglang@sha256:" + "a" * 64], None, "lmsysorg/sglang@sha256:" + "a" * 64),
-    ("docker.io/lmsysorg/sglang:v0.5.4", ["lmsysorg/sglang@sha256:" + "a" * 64], None,
+@pytest.mark.parametrize("ref, digests, want", [
+    ("lmsysorg/sglang:v0.5.4", ["lmsysorg/sglang@sha256:" + "a" * 64], "lmsysorg/sglang@sha256:" + "a" * 64),
+    ("docker.io/lmsysorg/sglang:v0.5.4", ["lmsysorg/sglang@sha256:" + "a" * 64],
      "lmsysorg/sglang@sha256:" + "a" * 64),
-    ("lmsysorg/sglang:v0.5.4", ["docker.io/lmsysorg/sglang@sha256:" + "b" * 64], None,
+    ("lmsysorg/sglang:v0.5.4", ["docker.io/lmsysorg/sglang@sha256:" + "b" * 64],
      "docker.io/lmsysorg/sglang@sha256:" + "b" * 64),
-    ("ubuntu:22.04", ["docker.io/library/ubuntu@sha256:" + "c" * 64], None, "docker.io/library/ubuntu@sha256:" + "c" * 64),
-    ("lmsysorg/sglang:v1", ["other/sglang@sha256:" + "a" * 64], None, None),
+    ("ubuntu:22.04", ["docker.io/library/ubuntu@sha256:" + "c" * 64], "docker.io/library/ubuntu@sha256:" + "c" * 64),
+    ("lmsysorg/sglang:v1", ["other/sglang@sha256:" + "a" * 64], None),
     ("registry.example:5000/team/sglang:v1", ["registry.example:5000/team/sglang@sha256:" + "d" * 64,
-                                              "mirror.example/team/sglang@sha256:" + "e" * 64], None,
+                                              "mirror.example/team/sglang@sha256:" + "e" * 64],
      "registry.example:5000/team/sglang@sha256:" + "d" * 64),
-    # podman keeps the manifest list's digest and the instance's: the one the ref names, else podman's Digest.
-    ("q.io/a/b@sha256:" + "2" * 64, ["q.io/a/b@sha256:" + "1" * 64, "q.io/a/b@sha256:" + "2" * 64], "sha256:" + "1" * 64,
+    # podman may list several digests of one repository: the one the ref names, else the first.
+    ("q.io/a/b@sha256:" + "2" * 64, ["q.io/a/b@sha256:" + "1" * 64, "q.io/a/b@sha256:" + "2" * 64],
      "q.io/a/b@sha256:" + "2" * 64),
-    ("q.io/a/b:t", ["q.io/a/b@sha256:" + "1" * 64, "q.io/a/b@sha256:" + "2" * 64], "sha256:" + "2" * 64,
-     "q.io/a/b@sha256:" + "2" * 64),
-    ("gpufleet-rec/tiny:1", ["localhost/gpufleet-rec/tiny@sha256:" + "f" * 64], None,
+    ("q.io/a/b:t", ["q.io/a/b@sha256:" + "1" * 64, "q.io/a/b@sha256:" + "2" * 64], "q.io/a/b@sha256:" + "1" * 64),
+    ("gpufleet-rec/tiny:1", ["localhost/gpufleet-rec/tiny@sha256:" + "f" * 64],
      "localhost/gpufleet-rec/tiny@sha256:" + "f" * 64),            # podman names a short-name import localhost/
-    ("127.0.0.1:5000/x:1", ["localhost/x@sha256:" + "f" * 64], None, None),   # an explicit registry matches itself only
+    ("127.0.0.1:5000/x:1", ["localhost/x@sha256:" + "f" * 64], None),   # an explicit registry matches itself only
 ])
-def test_the_repo_digest_of_the_refs_repository(ref, digests, stored, want):
-    assert images._pick_digest(ref, digests, stored) == want
+def test_the_repo_digest_of_the_refs_repository(ref, digests, want):
+    assert images._pick_digest(ref, digests) == want
 
 
 @pytest.mark.parametrize("machine, arch", [("x86_64", "amd64"), ("aarch64", "arm64"), ("arm64", "arm64"),
@@ -168,13 +187,22 @@ def test_check_always_pulls_even_a_present_image():
     assert res["ok"] is True and res["pulled"] is True and len(pull.calls) == 1 and len(run.calls) == 1
 
 
+def test_check_always_refuses_when_the_pull_fails_even_with_a_local_copy():
+    run = FakeRun(found("podman-4.3.1-node.json"))
+    res = images.check(run, "podman", "localhost/gpufleet-node:1", "always", 60, pull=FakePull(ok=False, error="boom"),
+                       arch="amd64")
+    assert res["ok"] is False and res["image"] is None and run.calls == []
+    assert res["error"].startswith("image localhost/gpufleet-node:1: pull_policy is always and the pull failed (boom); ")
+
+
 def test_check_never_refuses_an_absent_image_and_names_the_variable():
     pull = FakePull()
-    names = Names({"image": "sglang_server_image"})
+    names = Names({"image": "sglang_server_image", "pull_policy": "sglang_server_image_pull"})
     res = images.check(FakeRun(absent("podman")), "podman", "lmsysorg/sglang:v9", "never", 60, names=names, pull=pull)
     assert res["ok"] is False and res["image"] is None and pull.calls == []
-    assert res["error"] == ("sglang_server_image lmsysorg/sglang:v9: the image is not on the node and the pull policy "
-                            "is never; pull it there first (podman pull lmsysorg/sglang:v9), or allow the pull")
+    assert res["error"] == ("sglang_server_image lmsysorg/sglang:v9: the image is not on the node and "
+                            "sglang_server_image_pull is never; pull it there first (podman pull lmsysorg/sglang:v9), or "
+                            "set sglang_server_image_pull to missing")
 
 
 def test_check_refuses_when_the_pull_fails_and_says_why():
@@ -204,7 +232,7 @@ def test_check_refuses_another_architecture_naming_both():
     ("", "missing", "image must be an image reference"),
     ("a b:1", "missing", "image must be an image reference"),
     (None, "missing", "image must be an image reference"),
-    ("x:1", "sometimes", "the pull policy must be one of missing, always, never, not 'sometimes'"),
+    ("x:1", "sometimes", "pull_policy must be one of missing, always, never, not 'sometimes'"),
 ])
 def test_check_refuses_bad_input_before_running_anything(ref, policy, words):
     run = FakeRun((0, "[]", ""))
