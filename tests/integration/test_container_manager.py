@@ -386,3 +386,43 @@ def test_check_mode_shows_the_container_the_image_change_and_its_digest_and_chan
         assert (after["Id"], after["State"]["Pid"]) == (before["Id"], before["State"]["Pid"])
     finally:
         engine.cli("rmi", "--force", tag, check=False)
+
+
+def test_the_preflight_pulls_a_missing_image_before_anything_is_touched_and_records_the_registry_digest(
+        node, podman_engine, image, tmp_path):
+    """A tag that is not on the node is pulled, for real, from a registry on 127.0.0.1 (container_images.Registry) by
+    the preflight, before the teardown: the plan says it was pulled and keeps the pull's last lines (its progress),
+    and the plan, the record and the report carry the registry's digest."""
+    from container_images import Registry
+    engine = podman_engine
+    registry = Registry(tmp_path / "registry")
+    ref = "%s/gpufleet/sglang:v1" % registry.host
+    fresh = None
+    try:
+        # An image of its own (one more layer over the simulated-SGLang image), published and then removed here, so
+        # that the pull is a whole one (podman lists every name of an image it already holds with every digest).
+        work = engine.cli("create", "--pull", "never", image["id"], "true").stdout.strip().splitlines()[-1]
+        fresh = engine.cli("commit", work).stdout.strip().splitlines()[-1].replace("sha256:", "")
+        engine.cli("rm", "--force", work)
+        digest = registry.add(fresh, "gpufleet/sglang", "v1")
+        engine.cli("rmi", fresh)
+        hv = box_vars(node, engine, ref)
+        hv["sglang_node_environment"]["CONTAINERS_REGISTRIES_CONF"] = registry.podman_env()["CONTAINERS_REGISTRIES_CONF"]
+        assert engine.cli("image", "exists", ref, check=False).returncode != 0
+        run = node.run(host_vars=hv)
+        assert run.rc == 0, run.summary()
+        pre = run.task_result(PREFLIGHT)
+        plan_image = pre["plan"]["image"]
+        assert plan_image["pulled"] is True and plan_image["pull_log"], plan_image
+        assert plan_image["digest"] == "%s/gpufleet/sglang@%s" % (registry.host, digest), plan_image
+        assert any(note.startswith("pulled %s in " % plan_image["digest"]) for note in pre["notes"]), pre["notes"]
+        record = json.loads((node.etc / "known-good" / "server.json").read_text())
+        assert record["image"] == {"ref": ref, "id": fresh, "digest": plan_image["digest"]}
+        assert running_box(engine, node)["Image"] == fresh
+        assert "(digest %s)" % digest in run.report_md, run.report_md
+    finally:
+        for box in sorted(node.box_ids):                      # the image is in use by this test's containers
+            engine.cli("rm", "--force", box, check=False)
+        if fresh:
+            engine.cli("rmi", "--force", fresh, check=False)
+        registry.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+from ansible_collections.gpufleet.sglang.plugins.module_utils.common import names as names_mod
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import images
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server.container_control import MANAGERS, options
 
@@ -64,7 +65,9 @@ def check_image(pf, manager):
         del lines[:-PULL_LINES]
 
     t0 = time.monotonic()
-    res = images.check(run, cli, ref, policy, PULL_TIMEOUT, on_line=on_line, names=pf.names)
+    # images.check names the pull policy "pull_policy": here it is the container option's field "pull".
+    names = names_mod.Names(dict(pf.names.labels, pull_policy=pf.names.of("container", "pull")))
+    res = images.check(run, cli, ref, policy, PULL_TIMEOUT, on_line=on_line, names=names)
     if not res.get("ok"):
         pf.problem("%s (nothing was touched)" % res.get("error"))
         return None
