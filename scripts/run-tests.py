@@ -51,6 +51,9 @@ def _pytest(name: str, args: list[str], parallel: bool = False) -> list[str]:
     return [str(VENV_BIN / "python"), "-m", "pytest", f"--junitxml={OUT / (name + '.xml')}", *xdist, *args]
 
 
+CONTAINER_TESTS = ("tests/integration/test_containers.py", "tests/integration/test_sim_containers.py",
+                   "tests/integration/test_images.py", "tests/integration/test_container_manager.py")
+
 # name -> (argv, kind). kind "pytest" counts JUnit cases; "check" counts 1.
 STAGES: dict[str, tuple[list[str], str]] = {
     "unit": (_pytest("unit", [
@@ -59,12 +62,12 @@ STAGES: dict[str, tuple[list[str], str]] = {
         "--cov-report=term-missing:skip-covered",
         "--cov-fail-under=85",
     ], parallel=True), "pytest"),
-    "integration": (_pytest("integration", ["tests/integration", "--ignore=tests/integration/test_containers.py",
-                                            "--ignore=tests/integration/test_sim_containers.py"], parallel=True), "pytest"),
-    # Real podman running a server in a container on the simulated node (issue 24): after the "image" stage, whose
-    # node image it runs.
-    "containers": (_pytest("containers", ["tests/integration/test_containers.py",
-                                          "tests/integration/test_sim_containers.py"]), "pytest"),
+    "integration": (_pytest("integration", ["tests/integration"] + ["--ignore=" + f for f in CONTAINER_TESTS], parallel=True),
+                    "pytest"),
+    # Real podman and a real Docker engine on the simulated node (issue 24): adopted containers, the simulator's
+    # PID namespaces and CDI devices, images (inspect, pull, the oracle inside), and the docker/podman managers
+    # through redeploy.yml. After the "image" stage, whose node image they run.
+    "containers": (_pytest("containers", list(CONTAINER_TESTS), parallel=True), "pytest"),
     # The mirror against the real SGLang wheels (tests/differential; builds .cache/differential/ once).
     "differential": (_pytest("differential", ["tests/differential", "-p", "no:randomly"]), "pytest"),
     # The real SGLang 0.5.23 server on this CPU (tests/real_server; builds .cache/real-server/ once): the stand-ins,
