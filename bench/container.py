@@ -256,8 +256,8 @@ def report(result):
     lines = [
         "Container: a config-change redeploy (%s, GPUs %s) of a server in podman against the same redeploy of a host"
         " process, on the same simulated node setup (medians of %d round(s), alternating; outage = first to last failed"
-        " GET /health on the server's port, %.0f probes/s; image %s)" % (cfg["change"], cfg["gpus"], cfg["rounds"],
-                                                                        cfg["rate"], cfg.get("image")),
+        " GET /health on the server's port, %.0f probes/s; image %s)"
+        % (cfg["change"], cfg["gpus"], cfg["rounds"], cfg["rate"], cfg.get("image")),
         c.table(["server", "outage s", "preflight s", "teardown_s", "candidate_healthy_s", "playbook wall s"],
                 [row("container", "podman container"), row("host", "host process")]),
         "container / host: outage %s, whole run %s, preflight %s%s" % (

@@ -134,7 +134,7 @@ def _image_words(image):
         return "none (a host process)"
     ref = _text(image.get("ref") or "?")
     if image.get("digest"):
-        return "%s (digest %s)" % (ref, _text(str(image["digest"]).split("@")[-1]))
+        return "%s (digest %s)" % (ref, _text(str(image["digest"]).rsplit("@", maxsplit=1)[-1]))
     return "%s (image %s)" % (ref, _text(str(image.get("id") or "?").replace("sha256:", "")[:12]))
 
 

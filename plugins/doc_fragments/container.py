@@ -22,13 +22,13 @@ options:
         until the next launch.
       - C(gpu_request) V(auto) (CDI C(--device nvidia.com/gpu=N) for podman and Docker 25+, C(--gpus "device=N,M") for
         older Docker), V(cdi), V(gpus) or V(none). Only the target GPUs are given; inside they are numbered 0..k-1.
-      - C(ipc) (default V(host), as SGLang's install guide asks; V(private) with C(shm_size)), C(shm_size),
-        C(network) (default V(host): the server's port is its own), C(restart_policy) (default V(no)), C(ulimits)
-        (default C(memlock=-1:-1) and C(stack=67108864)), C(volumes) (C(HOST:CONTAINER[:ro]) more than the model
-        directories, which are mounted read-only at their paths), C(pull) (V(missing), V(always), V(never): what the
-        preflight does when the image is not on the node), C(run_args) (more C(run) options; C(-e) and C(--label) are
-        refused: their values show in C(inspect)).
-      - The secrets never reach the container's command line, labels or C(inspect) output: the API key goes through the
+      - C(ipc) (default V(host), as SGLang's install guide asks; V(private) with C(shm_size)), C(shm_size).
+      - C(network) (default V(host), the server binds its own port), C(restart_policy) (default V(no)).
+      - C(ulimits) (default C(memlock=-1:-1) and C(stack=67108864)). A C(--ulimit) replaces podman's C(default_ulimits).
+      - C(volumes) (C(HOST:CONTAINER[:ro]), more than the model directories, which are mounted read-only at their paths).
+      - C(pull) (V(missing), V(always) or V(never)) says what the preflight does when the image is not on the node.
+      - C(run_args) (more C(run) options). C(-e) and C(--label) are refused, as their values show in C(inspect).
+      - The secrets never reach the container's command line, labels or C(inspect) output. The API key goes through the
         0600 C(--config) file, the secret env variables through a 0600 file that a bootstrap reads inside.
     type: dict
 """

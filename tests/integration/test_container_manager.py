@@ -227,8 +227,8 @@ def test_a_container_the_runtime_refuses_is_found_in_the_preflight_and_nothing_i
     before = running_box(engine, node)
     hv = box_vars(node, engine, image["ref"], server_env={"SGLANG_SIM_NOTE": "changed"})
     if case == "ulimit":
-        hv["sglang_server_container"] = dict(hv["sglang_server_container"], ulimits=["memlock=-1:-1", "nofile=1024:1024",
-                                                                                      "nproc=4096:4096"])
+        limits = ["memlock=-1:-1", "nofile=1024:1024", "nproc=4096:4096"]
+        hv["sglang_server_container"] = dict(hv["sglang_server_container"], ulimits=limits)
         words = "rlimit"
     else:
         hv["sglang_server_python"] = "/opt/no-such-venv/bin/python"

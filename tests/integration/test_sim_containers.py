@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 
 from conftest import SIM_BIN, SIM_PY, wait_until
-from sim_cdi import cdi_gpus  # noqa: F401  (the fixture)
+from sim_cdi import cdi_gpus  # noqa: F401  # pylint: disable=unused-import
 from test_containers import free_port, node_image, podman
 
 HOLDER = textwrap.dedent(r'''
@@ -106,8 +106,8 @@ def stop_and_check_free(box, sim_node, gpus):
     assert sim_node.status()["holds"] == []
 
 
-def test_a_container_with_two_cdi_gpus_is_listed_under_its_host_pid_and_freed_when_stopped(image, boxes, sim_node,
-                                                                                             tmp_path, cdi_gpus):
+def test_a_container_with_two_cdi_gpus_is_listed_under_its_host_pid_and_freed_when_stopped(
+        image, boxes, sim_node, tmp_path, cdi_gpus):
     box = run_holder(image, boxes, sim_node, tmp_path, [cdi_gpus["device"](2), cdi_gpus["device"](3)])
     assert box["dev"] == ["nvidia2", "nvidia3"], box            # only the device files CDI put there
     assert box["visible"] == [2, 3], box                        # CUDA ordinals 0, 1 = host GPUs 2, 3
@@ -239,9 +239,9 @@ def test_the_fake_sglang_server_in_a_container_shows_its_schedulers_host_pids(im
                 schedulers.append(pid)
     assert len(schedulers) == 2, schedulers
     rows = compute_apps(sim_node)
-    assert sorted(g for g, _, _ in rows) == [2, 3], rows
-    assert sorted(pid for _, pid, _ in rows) == sorted(schedulers), (rows, schedulers)
-    assert all(mib > 1000 for _, _, mib in rows), rows
+    assert sorted(row[0] for row in rows) == [2, 3], rows
+    assert sorted(row[1] for row in rows) == sorted(schedulers), (rows, schedulers)
+    assert all(row[2] > 1000 for row in rows), rows
     podman("stop", "-t", "2", cid)     # PID 1 ignores the image's stop signal (37): SIGKILL after 2 s
     assert json.loads(podman("container", "inspect", cid).stdout)[0]["State"]["ExitCode"] == 137
     assert wait_until(lambda: compute_apps(sim_node) == [])

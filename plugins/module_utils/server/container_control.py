@@ -104,7 +104,7 @@ def gpu_args(runtime, request, gpus, server_version=None):
 
 def _major(version):
     try:
-        return int(str(version).split(".")[0])
+        return int(str(version).split(".", maxsplit=1)[0])
     except (TypeError, ValueError):
         return 0
 
@@ -173,8 +173,9 @@ class ContainerControl(object):
         argv = [self.cli()] + list(args)
         rc, out, err = self._cli_run(argv, timeout)
         if check and rc != 0:
-            raise LaunchError("`%s %s` exited %s: %s%s" % (self.manager, " ".join(self.masked(list(args)))[:300], rc,
-                                                       self.mask((err or out or "no output").strip())[:500], what))
+            words = " ".join(self.masked(list(args)))[:300]
+            raise LaunchError("`%s %s` exited %s: %s%s" % (self.manager, words, rc, self.mask((err or out or "no output").strip())[:500],
+                                                           what))
         return rc, out, err
 
     def box_inspect(self, ref=None):
@@ -334,8 +335,8 @@ class ContainerControl(object):
         if rc != 0 or not cid:
             info = self.box_inspect()
             logs = self.log_tail(0, self.started_wall)
-            raise LaunchError("`%s run` of %s failed (exit %s): %s" % (self.manager, self.container_name, rc,
-                                                                     self.mask((err or out or "no output").strip())[-600:]),
+            error = self.mask((err or out or "no output").strip())[-600:]
+            raise LaunchError("`%s run` of %s failed (exit %s): %s" % (self.manager, self.container_name, rc, error),
                               log_tail=logs, container=_public(info) if info else None)
         self.container_id = cid[0].strip()
         info = self.box_inspect(self.container_id)

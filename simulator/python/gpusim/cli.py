@@ -12,7 +12,6 @@ import os
 import sys
 
 from . import node as _node
-from . import procfs
 
 
 def _die(msg: str, rc: int = 1):

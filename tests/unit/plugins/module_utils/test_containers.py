@@ -99,7 +99,8 @@ def test_parse_the_real_podman_inspect_output():
     assert info == {"id": "92cd4aeb07257792d695fdf3d012dad7c32cc338ae538a9a3ed4fa5cb62e34c6", "name": "blissful_yalow",
                     "image": "localhost/gpufleet-node:b676eaafcd163673",
                     "image_id": "e36a0bd9c292e272fc336f4a01cdb8d1da3c868ff1445adc0fc51b7ef239f520",
-                    "restart_policy": "always", "status": "running", "pid": 29895}
+                    "restart_policy": "always", "status": "running", "pid": 29895,
+                    "labels": {"io.buildah.version": "1.28.2"}, "mounts": []}
 
 
 def test_parse_docker_s_documented_inspect_output():
