@@ -426,3 +426,44 @@ def test_the_preflight_pulls_a_missing_image_before_anything_is_touched_and_reco
         if fresh:
             engine.cli("rmi", "--force", fresh, check=False)
         registry.close()
+
+
+def test_a_rollback_whose_image_was_removed_pulls_it_again_by_its_recorded_digest(node, podman_engine, image, tmp_path):
+    """The known-good server came from a registry (its digest recorded). Someone removes its image from the node
+    (``podman rmi --force``, which takes the container with it). The next candidate fails its health gate: the rollback
+    pulls the recorded digest again, checks it gives the recorded image ID, and serves."""
+    from container_images import Registry
+    engine = podman_engine
+    registry = Registry(tmp_path / "registry")
+    ref = "%s/gpufleet/sglang:kg" % registry.host
+    fresh = None
+    try:
+        work = engine.cli("create", "--pull", "never", image["id"], "true").stdout.strip().splitlines()[-1]
+        fresh = engine.cli("commit", work).stdout.strip().splitlines()[-1].replace("sha256:", "")
+        engine.cli("rm", "--force", work)
+        registry.add(fresh, "gpufleet/sglang", "kg")
+        engine.cli("rmi", fresh)
+        conf = registry.podman_env()["CONTAINERS_REGISTRIES_CONF"]
+        hv = box_vars(node, engine, ref)
+        hv["sglang_node_environment"]["CONTAINERS_REGISTRIES_CONF"] = conf
+        run = node.run(host_vars=hv)
+        assert run.rc == 0, run.summary()
+        running_box(engine, node)
+        engine.cli("rmi", "--force", fresh)                   # the image and the container that uses it
+        assert engine.cli("image", "exists", fresh, check=False).returncode != 0
+        bad = box_vars(node, engine, image["ref"], server_env={"SGLANG_SIM_CRASH_ON_LOAD": "1"})
+        bad["sglang_node_environment"]["CONTAINERS_REGISTRIES_CONF"] = conf
+        run2 = node.run(host_vars=bad)
+        assert run2.rc != 0
+        replaced = run2.task_result(REPLACE)
+        assert replaced["rollback"]["status"] == "succeeded", replaced.get("rollback")
+        back = running_box(engine, node)
+        assert back["Image"].replace("sha256:", "") == fresh and back["State"]["Status"] == "running"
+        assert any("pulled it again by its digest" in w for w in replaced.get("warnings") or []), replaced.get("warnings")
+        assert node.health() == 200
+    finally:
+        for box in sorted(node.box_ids):
+            engine.cli("rm", "--force", box, check=False)
+        if fresh:
+            engine.cli("rmi", "--force", fresh, check=False)
+        registry.close()

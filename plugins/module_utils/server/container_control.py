@@ -32,6 +32,7 @@ import subprocess
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import containers
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import images
 from ansible_collections.gpufleet.sglang.plugins.module_utils.node import supervise as sp
 from ansible_collections.gpufleet.sglang.plugins.module_utils.server.launch_params import LaunchError
 
@@ -52,6 +53,7 @@ BOOTSTRAP = ("import json,os,runpy,sys\n"
              "mod = sys.argv[3]; sys.argv = [mod] + sys.argv[4:]\n"
              "runpy.run_module(mod, run_name='__main__', alter_sys=True)\n")
 PROBE_TIMEOUT = 120
+PULL_TIMEOUT = 3600
 RUN_TIMEOUT = 300
 CLI_TIMEOUT = 60
 
@@ -328,6 +330,7 @@ class ContainerControl(object):
             if self.box_inspect(prev):
                 self._box_call(["rm", "--force", prev])
             self._box_call(["rename", old["id"], prev])
+        self.ensure_image()
         self.box_write_secrets()
         argv = self.container_argv() + self.container_inner_argv()
         rc, out, err = self._box_call(argv, timeout=RUN_TIMEOUT, check=False)
@@ -349,6 +352,28 @@ class ContainerControl(object):
         self.result["image_words"] = self.image_words()
         self.result["image"] = self.image_record()
         return int(info["pid"]), 0, False
+
+    def ensure_image(self):
+        """The image ID to run is on the node; a rollback whose image was removed meanwhile pulls it again by its
+        recorded repository digest (inside the outage, but a rollback that cannot start is worse) and checks that the
+        digest gives that very image ID."""
+        rc, _out, _err = self._box_call(["image", "inspect", self.image], check=False)
+        if rc == 0:
+            return
+        digest = self.p.get("image_digest")
+        if not digest:
+            raise LaunchError("the image %s (%s) is no longer on this node and has no repository digest to pull it by; "
+                              "pull or load it again, or pin %s by digest" % (self.image_words(), self.image, self.names.of("image")))
+        ok, error = images.pull(self.cli(), digest, PULL_TIMEOUT)
+        if not ok:
+            raise LaunchError("the image %s is no longer on this node and pulling %s failed: %s" % (self.image, digest, error))
+        self.ctx.warn("the image %s was no longer on this node: pulled it again by its digest %s" % (self.image, digest))
+        rc, out, _err = self._box_call(["image", "inspect", digest], check=False)
+        info = images.parse_inspect(digest, out) if rc == 0 else None
+        found = images.run_ref(info) if info else None
+        if found and found != self.image.replace("sha256:", ""):
+            raise LaunchError("the digest %s now gives image %s, not the recorded %s; nothing was started" % (digest, found, self.image))
+        self.image = digest if not found else found
 
     def box_log_text(self, since_wall=None):
         args = ["logs"]
