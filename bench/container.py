@@ -196,7 +196,7 @@ def run(opts, workdir):
         image = images.sglang_sim_image(engine.env)
         result["config"]["image"] = image
         result["config"]["image_id"] = engine.cli("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
-        with sim_cdi.cdi_spec(os.path.join(base, "cdi-dev")):
+        with sim_cdi.cdi_spec():
             try:
                 setup = _Setup(ph, tcm, engine, base, procs, image)
                 for kind in KINDS:

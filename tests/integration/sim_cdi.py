@@ -12,11 +12,11 @@ toolkit spec in /etc/cdi instead of conflicting with it). Needs root.
 
 Two runs at once: two spec files of one directory that both define ``nvidia.com/gpu=2`` make it unresolvable
 (podman 4.3.1: ``Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=2``), so per-worker file
-names cannot work. The spec has one fixed name, ``gpusim-tests.json`` (a leftover of a killed run is simply
-overwritten), and the fixture holds an exclusive ``flock`` on /var/run/cdi/.gpusim-tests.lock from writing the spec
-to removing it: a second pytest worker or run that needs it waits (up to ``LOCK_WAIT_S``) and then fails, naming the
-lock. Under ``--dist loadfile`` the module that uses it runs on one worker anyway. The empty lock file stays (removing
-it would let a waiter lock an unlinked file while a third run creates a new one).
+names cannot work. The spec has one fixed name, ``gpusim-tests.json``, and one fixed content (8 GPUs whose device
+files are in /run/gpusim-cdi-dev), so every user shares it: a user writes it under an exclusive ``flock`` on
+/var/run/cdi/.gpusim-tests.lock, holds a shared one while it runs containers, and the last user removes it (a
+leftover of a killed run is simply rewritten). Two pytest workers, the bench and a second run never wait for each
+other's tests. The empty lock file and the device files stay.
 """
 from __future__ import annotations
 
@@ -39,53 +39,61 @@ KIND = "nvidia.com/gpu"
 LOCK_WAIT_S = 600
 
 
-def _lock(path):
-    fd = os.open(str(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+DEV_DIR = pathlib.Path("/run/gpusim-cdi-dev")   # the simulated device files every user of the spec shares
+GPUS = 8
+
+
+def _lock(fd, mode):
+    """``flock(fd, mode)`` within LOCK_WAIT_S (it waits while another user rewrites or removes the spec)."""
     end = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
         except BlockingIOError:
             if time.monotonic() >= end:
-                os.close(fd)
-                raise AssertionError("another test run has held %s for %d s (it owns %s); wait for it to finish"
-                                     % (path, LOCK_WAIT_S, CDI_DIR / SPEC_NAME))
-            time.sleep(0.5)
+                raise AssertionError("%s stayed locked for %d s by another user of %s" % (CDI_DIR / LOCK_NAME, LOCK_WAIT_S,
+                                                                                         CDI_DIR / SPEC_NAME))
+            time.sleep(0.2)
 
 
 @contextlib.contextmanager
-def cdi_spec(dev_dir, gpus=8):
-    """Write the spec of ``gpusim cdi-spec`` for ``gpus`` simulated GPUs (device files in ``dev_dir``) to
-    /var/run/cdi under the flock, yield ``{"spec", "dev_dir", "kind", "device"}``, then remove the spec and drop the
-    lock. For callers outside pytest (bench/container.py); the fixture :func:`cdi_gpus` is this with a tmp dir."""
+def cdi_spec():
+    """The spec of ``gpusim cdi-spec`` for 8 simulated GPUs (device files in DEV_DIR) in /var/run/cdi while the block
+    runs: ``{"spec", "dev_dir", "kind", "device"}``. Every user writes the same spec, so any number share it: each
+    holds a shared flock on /var/run/cdi/.gpusim-tests.lock while it uses the spec, writes it under an exclusive one,
+    and the last user (the one that gets the exclusive lock at the end without waiting) removes it. Two pytest
+    workers, the bench, or two runs never wait for one another's tests. For callers outside pytest
+    (bench/container.py); the fixture :func:`cdi_gpus` is this for a test module."""
     if os.geteuid() != 0:
         raise AssertionError("the CDI spec of the simulated GPUs goes into %s: run as root" % CDI_DIR)
     CDI_DIR.mkdir(parents=True, exist_ok=True)
-    fd = _lock(CDI_DIR / LOCK_NAME)
+    fd = os.open(str(CDI_DIR / LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     spec = CDI_DIR / SPEC_NAME
     try:
-        dev_dir = pathlib.Path(dev_dir)
-        dev_dir.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([str(SIM_BIN / "gpusim"), "cdi-spec", "--out", str(spec), "--dev-dir", str(dev_dir),
-                               "--gpus", str(gpus), "--kind", KIND], capture_output=True, text=True, timeout=60, check=False)
+        _lock(fd, fcntl.LOCK_EX)
+        DEV_DIR.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([str(SIM_BIN / "gpusim"), "cdi-spec", "--out", str(spec), "--dev-dir", str(DEV_DIR),
+                               "--gpus", str(GPUS), "--kind", KIND], capture_output=True, text=True, timeout=60, check=False)
         if proc.returncode != 0:
             raise AssertionError("gpusim cdi-spec failed (%d): %s" % (proc.returncode, proc.stderr))
         devices = json.loads(proc.stdout)["devices"]
-        if devices != [str(i) for i in range(gpus)] + ["all"]:
-            raise AssertionError("gpusim cdi-spec wrote devices %s, not 0..%d and all: %s" % (devices, gpus - 1, proc.stdout))
-        yield {"spec": spec, "dev_dir": dev_dir, "kind": KIND, "device": lambda i: "%s=%s" % (KIND, i)}
+        if devices != [str(i) for i in range(GPUS)] + ["all"]:
+            raise AssertionError("gpusim cdi-spec wrote devices %s, not 0..%d and all: %s" % (devices, GPUS - 1, proc.stdout))
+        _lock(fd, fcntl.LOCK_SH)                      # in use: others may rewrite the same spec, none removes it
+        yield {"spec": spec, "dev_dir": DEV_DIR, "kind": KIND, "device": lambda i: "%s=%s" % (KIND, i)}
     finally:
         try:
-            spec.unlink()
-        except FileNotFoundError:
-            pass
-        os.close(fd)                                   # drops the flock
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            spec.unlink()                             # the last user
+        except (BlockingIOError, FileNotFoundError):
+            pass                                      # another user still holds it: that one removes it
+        os.close(fd)                                  # drops the flock
 
 
 @pytest.fixture(scope="module")
-def cdi_gpus(tmp_path_factory):
+def cdi_gpus():
     """``{"spec", "dev_dir", "kind", "device"}``: the spec's path, the directory of its ``nvidia<N>`` files, the CDI
     kind, and ``device(i)`` -> ``"nvidia.com/gpu=<i>"`` for ``podman run --device``. 8 GPUs (as ``sim_node``)."""
-    with cdi_spec(tmp_path_factory.mktemp("cdi-dev")) as spec:
+    with cdi_spec() as spec:
         yield spec

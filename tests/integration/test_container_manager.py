@@ -79,6 +79,25 @@ def box_vars(node, engine, image_ref, **extra):
     return hv
 
 
+def layer_over(engine, image_id, tag=None):
+    """A new image: one more (empty) layer over ``image_id``, tagged ``tag`` when given; its bare 64-hex ID."""
+    work = engine.cli("create", "--pull", "never", image_id, "true").stdout.strip().splitlines()[-1]
+    try:
+        return engine.cli("commit", work, *([tag] if tag else [])).stdout.strip().splitlines()[-1].replace("sha256:", "")
+    finally:
+        engine.cli("rm", "--force", work)
+
+
+def published(engine, image_id, registry, tag):
+    """``(image ID, manifest digest)`` of a new image over ``image_id`` pushed to ``registry`` as gpufleet/sglang:<tag>
+    and removed from the node again, so that a pull of it is a whole one (podman lists every name of an image it
+    already holds with every digest)."""
+    fresh = layer_over(engine, image_id)
+    digest = registry.add(fresh, "gpufleet/sglang", tag)
+    engine.cli("rmi", fresh)
+    return fresh, digest
+
+
 def running_box(engine, node):
     proc = engine.cli("container", "inspect", "sglang-%s" % node.name, check=False)
     if proc.returncode != 0:
@@ -193,10 +212,7 @@ def test_a_failed_candidate_rolls_back_to_the_recorded_image_id_after_the_tag_mo
         first = running_box(engine, node)
         assert first["Image"] == image["id"]
         # The tag moves to another image (one more layer), whose server crashes while loading.
-        work = engine.cli("run", "-d", "--pull", "never", image["id"], "sleep", "60").stdout.strip().splitlines()[-1]
-        node.box_ids.add(work)
-        other = engine.cli("commit", work, tag).stdout.strip().splitlines()[-1]
-        engine.cli("rm", "--force", work)
+        other = layer_over(engine, image["id"], tag)
         assert other != image["id"]
         hv = box_vars(node, engine, tag, server_env={"SGLANG_SIM_CRASH_ON_LOAD": "1"})
         run2 = node.run(host_vars=hv)
@@ -206,8 +222,7 @@ def test_a_failed_candidate_rolls_back_to_the_recorded_image_id_after_the_tag_mo
         back = running_box(engine, node)
         # The failed candidate ran the re-pointed tag's image and is kept (exited) as <name>-previous, for its logs.
         failed = json.loads(engine.cli("container", "inspect", "sglang-%s-previous" % node.name).stdout)[0]
-        assert failed["Image"].replace("sha256:", "") == other.replace("sha256:", "")[:len(failed["Image"])] or \
-            other.replace("sha256:", "").startswith(failed["Image"].replace("sha256:", "")[:12]), (failed["Image"], other)
+        assert failed["Image"].replace("sha256:", "") == other, (failed["Image"], other)
         assert failed["State"]["Status"] == "exited"
         assert back["State"]["Status"] == "running" and back["Image"] == image["id"], (back["Image"], image["id"])
         assert wait_until(lambda: node.health() == 200, timeout=30, interval=0.2)
@@ -363,10 +378,7 @@ def test_check_mode_shows_the_container_the_image_change_and_its_digest_and_chan
         run = node.run(host_vars=box_vars(node, engine, tag))
         assert run.rc == 0, run.summary()
         before = running_box(engine, node)
-        work = engine.cli("run", "-d", "--pull", "never", image["id"], "sleep", "60").stdout.strip().splitlines()[-1]
-        node.box_ids.add(work)
-        other = engine.cli("commit", work, tag).stdout.strip().splitlines()[-1].replace("sha256:", "")
-        engine.cli("rm", "--force", work)
+        other = layer_over(engine, image["id"], tag)
         check = node.run(host_vars=box_vars(node, engine, tag), check=True)
         assert check.rc == 0, check.summary()
         pre = check.task_result(PREFLIGHT)
@@ -399,13 +411,7 @@ def test_the_preflight_pulls_a_missing_image_before_anything_is_touched_and_reco
     ref = "%s/gpufleet/sglang:v1" % registry.host
     fresh = None
     try:
-        # An image of its own (one more layer over the simulated-SGLang image), published and then removed here, so
-        # that the pull is a whole one (podman lists every name of an image it already holds with every digest).
-        work = engine.cli("create", "--pull", "never", image["id"], "true").stdout.strip().splitlines()[-1]
-        fresh = engine.cli("commit", work).stdout.strip().splitlines()[-1].replace("sha256:", "")
-        engine.cli("rm", "--force", work)
-        digest = registry.add(fresh, "gpufleet/sglang", "v1")
-        engine.cli("rmi", fresh)
+        fresh, digest = published(engine, image["id"], registry, "v1")
         hv = box_vars(node, engine, ref)
         hv["sglang_node_environment"]["CONTAINERS_REGISTRIES_CONF"] = registry.podman_env()["CONTAINERS_REGISTRIES_CONF"]
         assert engine.cli("image", "exists", ref, check=False).returncode != 0
@@ -438,11 +444,7 @@ def test_a_rollback_whose_image_was_removed_pulls_it_again_by_its_recorded_diges
     ref = "%s/gpufleet/sglang:kg" % registry.host
     fresh = None
     try:
-        work = engine.cli("create", "--pull", "never", image["id"], "true").stdout.strip().splitlines()[-1]
-        fresh = engine.cli("commit", work).stdout.strip().splitlines()[-1].replace("sha256:", "")
-        engine.cli("rm", "--force", work)
-        registry.add(fresh, "gpufleet/sglang", "kg")
-        engine.cli("rmi", fresh)
+        fresh = published(engine, image["id"], registry, "kg")[0]
         conf = registry.podman_env()["CONTAINERS_REGISTRIES_CONF"]
         hv = box_vars(node, engine, ref)
         hv["sglang_node_environment"]["CONTAINERS_REGISTRIES_CONF"] = conf

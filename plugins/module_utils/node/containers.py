@@ -82,6 +82,17 @@ def foreign_container(pid, proc_root=procfs.PROC_ROOT, own=None):
     return found
 
 
+def first_object(text):
+    """The first object of an ``inspect`` output (a JSON list of objects, or one object), else None."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    if isinstance(data, list):
+        data = data[0] if data else None
+    return data if isinstance(data, dict) else None
+
+
 def parse_inspect(text):
     """Name, image, image id, restart policy and status from ``docker/podman container inspect <id>``.
 
@@ -89,13 +100,8 @@ def parse_inspect(text):
     Debian 12 ships, prints the word ``json`` for ``--format json``; measured); docker's ``Name`` has a leading
     ``/``, podman adds ``ImageName``. A single object is read too. Returns a dict (missing fields None) or None when
     the text is neither."""
-    try:
-        data = json.loads(text)
-    except (TypeError, ValueError):
-        return None
-    if isinstance(data, list):
-        data = data[0] if data else None
-    if not isinstance(data, dict):
+    data = first_object(text)
+    if data is None:
         return None
     config = data.get('Config') if isinstance(data.get('Config'), dict) else {}
     host = data.get('HostConfig') if isinstance(data.get('HostConfig'), dict) else {}

@@ -40,7 +40,6 @@ earlier local one, which the registry does not have, so ``Digest`` is not used. 
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -50,6 +49,7 @@ import subprocess
 import time
 
 from ansible_collections.gpufleet.sglang.plugins.module_utils.common.names import PLAIN
+from ansible_collections.gpufleet.sglang.plugins.module_utils.node import containers
 
 POLICIES = ('missing', 'always', 'never')
 INSPECT_TIMEOUT = 30
@@ -134,13 +134,8 @@ def _pick_digest(ref, repo_digests):
 
 def parse_inspect(ref, text):
     """The image dict of :func:`inspect` from plain ``image inspect`` output (podman 4.3 or docker 20.10), else None."""
-    try:
-        data = json.loads(text)
-    except (TypeError, ValueError):
-        return None
-    if isinstance(data, list):
-        data = data[0] if data else None
-    if not isinstance(data, dict) or not isinstance(data.get('Id'), str):
+    data = containers.first_object(text)
+    if data is None or not isinstance(data.get('Id'), str):
         return None
     match = _HEX.match(data['Id'].strip())
     if not match:
