@@ -23,7 +23,9 @@ options:
       - C(gpu_request) V(auto) (CDI C(--device nvidia.com/gpu=N) for podman and Docker 25+, C(--gpus "device=N,M") for
         older Docker), V(cdi), V(gpus) or V(none). Only the target GPUs are given; inside they are numbered 0..k-1.
       - C(ipc) (default V(host), as SGLang's install guide asks; V(private) with C(shm_size)), C(shm_size).
-      - C(network) (default V(host), the server binds its own port), C(restart_policy) (default V(no)).
+      - C(network) (only V(host), the server binds its own port on the node; a published port would answer through the
+        runtime's proxy, and the health gate could not tell the candidate's socket from another), C(restart_policy)
+        (default V(no)).
       - C(ulimits) (default C(memlock=-1:-1) and C(stack=67108864)). A C(--ulimit) replaces podman's C(default_ulimits).
       - C(volumes) (C(HOST:CONTAINER[:ro]), more than the model directories, which are mounted read-only at their paths).
       - C(pull) (V(missing), V(always) or V(never)) says what the preflight does when the image is not on the node.

@@ -72,6 +72,11 @@ def options(given):
         raise ValueError("pull must be one of missing, always, never, got %r" % (out["pull"],))
     if out["restart_policy"] not in ("no", "on-failure", "always", "unless-stopped"):
         raise ValueError("restart_policy must be one of no, on-failure, always, unless-stopped, got %r" % (out["restart_policy"],))
+    if out["network"] != "host":
+        # A published port answers through the runtime's proxy (docker-proxy, conmon, netavark's NAT): the health gate
+        # could no longer prove that the answering socket is the candidate's, and a stale server could pass it.
+        raise ValueError("network must be host (the server binds its own port on the node), got %r; published ports "
+                         "are not supported" % (out["network"],))
     if out["ipc"] not in ("host", "private", "shareable", None, ""):
         raise ValueError("ipc must be host or private (with shm_size), got %r" % (out["ipc"],))
     for key in ("volumes", "ulimits", "run_args"):

@@ -94,7 +94,7 @@ def test_docker_before_25_gets_the_gpus_flag_with_its_csv_quotes_and_cdi_when_as
 @pytest.mark.parametrize("given, field", [
     ({"gpu_request": "all"}, "gpu_request"), ({"pull": "sometimes"}, "pull"), ({"restart_policy": "maybe"}, "restart_policy"),
     ({"volumes": ["relative:/x"]}, "volumes"), ({"volumes": "/a:/b"}, "volumes"), ({"run_args": ["-e", "X=1"]}, "run_args"),
-    ({"run_args": ["--label=a=b"]}, "run_args"), ({"colour": "blue"}, "colour"),
+    ({"run_args": ["--label=a=b"]}, "run_args"), ({"colour": "blue"}, "colour"), ({"network": "bridge"}, "network"),
 ])
 def test_bad_container_options_are_blockers_that_name_the_key(tmp_path, given, field):
     eng = engine.Launcher(Ctx(), {"name": "boxed", "manager": "podman", "image": IMAGE, "container": given,
