@@ -469,3 +469,60 @@ def test_a_rollback_whose_image_was_removed_pulls_it_again_by_its_recorded_diges
         if fresh:
             engine.cli("rmi", "--force", fresh, check=False)
         registry.close()
+
+
+def test_a_two_node_group_runs_one_container_per_rank_and_is_redeployed_as_one_unit(tmp_path, podman_engine, image,
+                                                                                   cdi_gpus):  # noqa: F811
+    """A multi-node server (nnodes 2, one GPU per node; test_multinode.Group: two simulated nodes on this host) with
+    each rank in its own podman container (named per rank here, as two ranks share this one machine): the group is
+    deployed, then a config change replaces both containers through podman, rank 0 first, and both serve again."""
+    from test_multinode import HOSTS, Group
+    engine = podman_engine
+    procs = ph.Procs()
+    group = Group(tmp_path / "group", procs)
+    names = dict((host, "sglang-mn-%s-%d" % (host, os.getpid())) for host in HOSTS)
+
+    def vars_for(host, **args):
+        node = group[host]
+        hv = group.host_vars(host, args=group.shared_args(**args))
+        box = box_vars(node, engine, image["ref"], sglang_server_cuda_visible_devices="0")
+        for key in ("sglang_node_environment", "sglang_server_manager", "sglang_server_image", "sglang_server_python",
+                    "sglang_server_container", "sglang_server_cuda_visible_devices"):
+            hv[key] = box[key]
+        hv["sglang_server_container"] = dict(hv["sglang_server_container"], name=names[host])
+        hv["sglang_server_env"] = dict(hv["sglang_server_env"], GPUSIM_ROOT=str(node.root))
+        hv["sglang_server_env"].pop("PYTHONPATH", None)
+        return hv
+
+    def boxes():
+        out = {}
+        for host in HOSTS:
+            proc = engine.cli("container", "inspect", names[host], check=False)
+            out[host] = json.loads(proc.stdout)[0] if proc.returncode == 0 else None
+        return out
+
+    try:
+        run = group.run(dict((h, vars_for(h)) for h in HOSTS))
+        assert run.rc == 0, run.summary()
+        first = boxes()
+        for host in HOSTS:
+            assert first[host]["State"]["Status"] == "running", (host, first[host]["State"])
+            assert first[host]["Config"]["Labels"]["io.gpufleet.sglang.server"] == "mn"
+            assert group[host].used()[0] > 100000 and group[host].used()[1] == 1, (host, group[host].used())
+        assert group[HOSTS[1]].health() == 200
+        info = group.info()
+        assert info["nnodes"] == 2 and info["node_rank"] == 0, info
+        run = group.run(dict((h, vars_for(h, chunked_prefill_size=4096)) for h in HOSTS))
+        assert run.rc == 0, run.summary()
+        second = boxes()
+        for host in HOSTS:
+            assert second[host]["Id"] != first[host]["Id"] and second[host]["State"]["Status"] == "running"
+            old = engine.inspect(first[host]["Id"])
+            assert old["State"]["Status"] == "exited" and old["Name"].lstrip("/") == names[host] + "-previous"
+        assert group.info()["chunked_prefill_size"] == 4096
+    finally:
+        for host in HOSTS:
+            for name in (names[host], names[host] + "-previous"):
+                engine.cli("rm", "--force", "--time", "5", name, check=False)
+        left = procs.cleanup()
+        assert not left, "processes survived SIGKILL: %s" % left
