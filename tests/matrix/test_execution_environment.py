@@ -164,6 +164,9 @@ def test_incident_redeploy_inside_the_ee(container, tmp_path):
     uid = int(_exec(container, "id", "-u").stdout.strip())
     assert uid != 0, "the EE image should not run as root"
     _give_to_the_ee_user(container["work"], uid)
+    # The node is the EE container here: its simulated GPUs are set up again from inside it, so that the simulator's
+    # host PID namespace is the container's (a server there is a host process of this node, as nvidia-smi lists it).
+    _exec(container, str(SIM_BIN / "gpusim"), "init", "--gpus", "8", "--model", "H200", env=node_env)
 
     # The incident server, started by hand inside the EE container (its own session), as on the node.
     argv = [NODE_PYTHON] + node.server_argv(node.server_args())[1:]
