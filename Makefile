@@ -37,7 +37,7 @@ unit integration lint sanity real-server: setup
 	@$(VENV)/bin/python scripts/run-tests.py $@
 
 molecule: setup sysdeps
-	@$(VENV)/bin/python scripts/run-tests.py image molecule-default molecule-faults molecule-multinode
+	@$(VENV)/bin/python scripts/run-tests.py image molecule-default molecule-faults molecule-multinode molecule-containerised
 
 image: sysdeps
 	@scripts/build-image.sh

@@ -15,6 +15,11 @@
 #       and gpusim wrappers in /usr/local/bin, a .pth file for python3);
 #       hash of the base tag, molecule/image/Containerfile, files/ and every
 #       file under simulator/ (names, modes and contents; caches excluded).
+#   localhost/gpufleet-node-podman:<hash>  only with --podman: FROM the node
+#       image, with podman, runc and conmon from the Debian mirror and
+#       molecule/image/podman/files/ (/etc/containers: vfs, runc, the systemd
+#       cgroup manager), for molecule/containerised; hash of the node tag and
+#       every file under molecule/image/podman/.
 #
 # Options:
 #   --suite S   Debian suite of the image (default bookworm, or
@@ -26,6 +31,8 @@
 #   --print     print the node image name and exit (nothing is built)
 #   --base      build or reuse only the base image and print its name (the
 #               execution environment's base: scripts/matrix-ee.sh)
+#   --podman    also build or reuse the node image with podman inside and
+#               print its name instead (needs the Debian mirror when built)
 #   --force     rebuild both images even if they exist
 #   --prune     afterwards remove other gpufleet-node/-base tags that no
 #               container uses
@@ -65,6 +72,7 @@ for arg in "$@"; do
         --suite=*) SUITE="${arg#--suite=}" ;;
         --print) mode=print ;;
         --base) mode=base ;;
+        --podman) mode=podman ;;
         --force) force=1 ;;
         --prune) prune=1 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SCRIPT_PATH"; exit 0 ;;
@@ -243,6 +251,20 @@ node_hash="$(
 )"
 NODE_IMAGE="$NODE_REPO:$node_hash"
 
+PODMAN_DIR="$IMAGE_DIR/podman"
+PODMAN_REPO="localhost/gpufleet-node-podman$name_suffix"
+if [[ $mode == podman ]]; then
+    [[ -f "$PODMAN_DIR/Containerfile" ]] || die "missing $PODMAN_DIR/Containerfile"
+    mapfile -t PODMAN_FILES < <(list_tree "$PODMAN_DIR")
+    podman_hash="$(
+        {
+            printf 'node %s\n' "$NODE_IMAGE"
+            hash_tree_files "$PODMAN_DIR" "${PODMAN_FILES[@]}"
+        } | sha256sum | cut -c1-16
+    )"
+    PODMAN_IMAGE="$PODMAN_REPO:$podman_hash"
+fi
+
 if [[ $mode == print ]]; then
     printf '%s\n' "$NODE_IMAGE"
     exit 0
@@ -307,13 +329,43 @@ else
     build_node
 fi
 
+# ---------------------------------------------------------------- podman
+build_podman() {
+    local ctx t0=$SECONDS
+    ctx="$(mktemp -d "$BUILD_DIR/gpufleet-podman-ctx.XXXXXX")"
+    # shellcheck disable=SC2064 # expand $ctx now: it is a local, gone when the trap runs
+    trap "rm -rf '$ctx'" EXIT
+    cp -a "$PODMAN_DIR/." "$ctx/"
+    say "podman build FROM $NODE_IMAGE -> $PODMAN_IMAGE (apt-get install podman from the Debian mirror) ..."
+    if ! podman build --pull=never --layers=false --build-arg "NODE_IMAGE=$NODE_IMAGE" \
+            -f "$ctx/Containerfile" -t "$PODMAN_IMAGE" "$ctx" >"$ctx.log" 2>&1; then
+        tail -n 30 "$ctx.log" >&2
+        rm -f "$ctx.log"
+        die "podman build of $PODMAN_IMAGE failed (log above)"
+    fi
+    rm -rf "$ctx" "$ctx.log"
+    trap - EXIT
+    say "podman node image built in $((SECONDS - t0)) s"
+}
+
+if [[ $mode == podman ]]; then
+    if [[ $force -eq 0 ]] && podman image exists "$PODMAN_IMAGE"; then
+        say "reusing $PODMAN_IMAGE"
+    else
+        build_podman
+    fi
+fi
+
 # ---------------------------------------------------------------- prune
 if [[ $prune -eq 1 ]]; then
     in_use="$(podman ps -a --format '{{.Image}}' | sort -u)"
     # Node images first: an old base cannot go while a node image uses it.
-    for repo in "$NODE_REPO" "$BASE_REPO"; do
+    prune_repos=("$NODE_REPO" "$BASE_REPO")
+    # The podman layer's other tags only when this run knows the current one.
+    [[ $mode == podman ]] && prune_repos=("$PODMAN_REPO" "${prune_repos[@]}")
+    for repo in "${prune_repos[@]}"; do
         while read -r img; do
-            [[ -z "$img" || "$img" == "$NODE_IMAGE" || "$img" == "$BASE_IMAGE" ]] && continue
+            [[ -z "$img" || "$img" == "$NODE_IMAGE" || "$img" == "$BASE_IMAGE" || "$img" == "${PODMAN_IMAGE:-}" ]] && continue
             if grep -qxF "$img" <<<"$in_use"; then
                 say "keeping $img (used by a container)"
             elif podman rmi "$img" >/dev/null 2>&1; then
@@ -325,5 +377,10 @@ if [[ $prune -eq 1 ]]; then
     done
 fi
 
+if [[ $mode == podman ]]; then
+    say "ready: $PODMAN_IMAGE (node $NODE_IMAGE) in $((SECONDS - t_start)) s"
+    printf '%s\n' "$PODMAN_IMAGE"
+    exit 0
+fi
 say "ready: $NODE_IMAGE (base $BASE_IMAGE) in $((SECONDS - t_start)) s"
 printf '%s\n' "$NODE_IMAGE"

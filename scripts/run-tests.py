@@ -85,6 +85,7 @@ STAGES: dict[str, tuple[list[str], str]] = {
     "molecule-default": (["bash", "scripts/run-molecule.sh", "default"], "check"),
     "molecule-faults": (["bash", "scripts/run-molecule.sh", "faults"], "check"),
     "molecule-multinode": (["bash", "scripts/run-molecule.sh", "multinode"], "check"),
+    "molecule-containerised": (["bash", "scripts/run-molecule.sh", "containerised"], "check"),
     # Node matrix: the default scenario on Debian 11 (Python 3.9) and 13 (Python 3.13) hosts.
     "molecule-bullseye": (["bash", "scripts/matrix-node.sh", "bullseye"], "check"),
     "molecule-trixie": (["bash", "scripts/matrix-node.sh", "trixie"], "check"),
@@ -208,7 +209,7 @@ LANES = (
     ("lint", "sanity", "core-2.17-unit", "core-2.18-unit", "core-2.17-sanity", "core-2.18-sanity",
      "core-2.17-redeploy", "core-2.18-redeploy"),
     ("image", "image-bullseye", "image-trixie", "core-2.20-image", "core-2.21-image", "containers", "molecule-default",
-     "molecule-faults", "molecule-multinode", "molecule-bullseye", "molecule-trixie", "ee-build", "ee",
+     "molecule-faults", "molecule-multinode", "molecule-containerised", "molecule-bullseye", "molecule-trixie", "ee-build", "ee",
      "core-2.20-unit", "core-2.21-unit", "core-2.20-sanity", "core-2.21-sanity", "core-2.20-redeploy",
      "core-2.21-redeploy"),
 )
