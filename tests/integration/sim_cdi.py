@@ -52,8 +52,8 @@ def _lock(fd, mode):
             return
         except BlockingIOError:
             if time.monotonic() >= end:
-                raise AssertionError("%s stayed locked for %d s by another user of %s" % (CDI_DIR / LOCK_NAME, LOCK_WAIT_S,
-                                                                                         CDI_DIR / SPEC_NAME))
+                raise AssertionError("%s stayed locked for %d s by another user of %s"
+                                     % (CDI_DIR / LOCK_NAME, LOCK_WAIT_S, CDI_DIR / SPEC_NAME))
             time.sleep(0.2)
 
 
