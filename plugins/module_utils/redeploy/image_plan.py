@@ -51,7 +51,12 @@ def check_image(pf, manager):
 
     policy = opts["pull"]
     if pf.check_mode and policy != "never":
-        found = images.inspect(run, cli, ref)
+        try:
+            found = images.inspect(run, cli, ref)
+        except images.ImageError as exc:
+            # The runtime could not say (not: the image is absent); images.check words a real run's refusal the same way.
+            pf.problem("%s: %s (nothing was touched)" % (pf.names.of("image"), exc))
+            return None
         if found is None:
             pf.notes.append("%s: %s is not on this node; a real run pulls it in the preflight, before anything is touched"
                             % (pf.names.of("image"), ref))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 
@@ -193,10 +192,13 @@ class ContainerControl(object):
         return info
 
     def _container_version(self):
+        """The Docker server's version (CDI or --gpus), asked once per launch (the probe and the run share it)."""
         if self.manager != "docker":
             return None
-        rc, out, _err = self._box_call(["version", "--format", "{{.Server.Version}}"], check=False)
-        return out.strip() if rc == 0 else None
+        if getattr(self, "_server_version", None) is None:
+            rc, out, _err = self._box_call(["version", "--format", "{{.Server.Version}}"], check=False)
+            self._server_version = out.strip() if rc == 0 else ""
+        return self._server_version or None
 
     def container_argv(self, probe_name=None):
         """The ``<cli> run`` argv (without the CLI) for this launch; ``self.argv`` is what runs inside. With
@@ -407,7 +409,3 @@ def sees(mounts, path):
 def _public(info):
     """What a record or a report may show of a container (never its env or command line)."""
     return dict((k, info.get(k)) for k in ("id", "name", "image", "image_id", "status", "restart_policy"))
-
-
-def have_cli(manager):
-    return bool(shutil.which(manager))
